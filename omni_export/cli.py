@@ -1,0 +1,231 @@
+"""omni-export command line: flags -> options -> pipeline.run(). Nothing else lives here."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .core import Format, Precision, UsageError
+from .recipes import REGISTRY, get_recipe
+from .targets import FORMAT_PRECISIONS, REWRITE_NAMES, TARGETS, get_target
+
+EXIT_USAGE, EXIT_REJECTED = 2, 3
+
+
+class _Console:
+    """Progress per stage on stderr (rich), silent with --quiet."""
+
+    def __init__(self, quiet: bool):
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.console = Console(stderr=True, highlight=False)
+
+    @contextlib.contextmanager
+    def stage(self, text: str):
+        if self.quiet:
+            yield
+            return
+        t0 = time.time()
+        with self.console.status(text):
+            try:
+                yield
+            except BaseException:
+                self.console.print(f"[red]✗[/red] {text} ({time.time() - t0:.1f}s)")
+                raise
+        self.console.print(f"[green]✓[/green] {text} [dim]({time.time() - t0:.1f}s)[/dim]")
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text)
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr():
+    """Native libraries (QNN) print to fd 1; keep stdout for our report and --json only."""
+    import os
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _fail(message: str, debug: bool, code: int = EXIT_USAGE):
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    click.echo(f"omni-export: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _csv(enum_cls, text: str | None) -> tuple:
+    if not text:
+        return ()
+    return tuple(enum_cls.parse(t) for t in text.split(",") if t.strip())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="omni-export")
+def main():
+    """Export on-device speech and language models to ExecuTorch, ONNX and QNN, score every build
+    against fp32 on real runtimes, and reject the broken ones.
+
+    \b
+    Try it on the embedded demo checkpoint (tiny, random weights):
+      omni-export qwen3-tts --target s25-htp
+    Then on your own checkpoint:
+      omni-export qwen3-tts --target s25-htp --checkpoint ./Qwen3-TTS-12Hz-0.6B-CustomVoice
+
+    Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none.
+    """
+
+
+@main.command("list")
+def list_cmd():
+    """Recipes, components, targets, precisions and formats."""
+    click.echo("recipes:")
+    for name in REGISTRY:
+        r = get_recipe(name)
+        click.echo(f"  {name:12s} {r.doc}")
+        for c in r.components:
+            click.echo(f"    {c.name:14s} {c.doc}")
+    click.echo("targets:")
+    for t in TARGETS.values():
+        click.echo(f"  {t.name:12s} {t.device}; formats {','.join(f.value for f in t.formats)}; "
+                   f"default precisions {','.join(p.value for p in t.default_precisions)}")
+    click.echo("precisions: " + ", ".join(p.value for p in Precision))
+    click.echo("formats:")
+    for f in Format:
+        click.echo(f"  {f.value:5s} .{f.extension:9s} precisions {','.join(p.value for p in FORMAT_PRECISIONS[f])}")
+
+
+def _recipe_command(name: str) -> click.Command:
+    recipe = get_recipe(name)
+
+    def callback(target, checkpoint, components, precision, formats, out, as_json, force, no_attribution,
+                 rewrites, jobs, quiet, debug, **recipe_opts):
+        from .pipeline import RunOptions, run
+
+        try:
+            tgt = get_target(target)
+            comps = tuple(c.strip() for c in components.split(",")) if components else ()
+            for c in comps:
+                recipe.component(c)
+            opts = RunOptions(
+                recipe=recipe, target=tgt,
+                out=Path(out) if out else Path("artifacts") / f"{name}-{tgt.name}",
+                checkpoint=Path(checkpoint) if checkpoint else None, components=comps,
+                precisions=_csv(Precision, precision), formats=_csv(Format, formats),
+                recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
+                attribution=not no_attribution, rewrites=_rewrites(rewrites, tgt), force=force,
+                jobs=jobs or default_jobs())
+            with _native_stdout_to_stderr():
+                result = run(opts, _Console(quiet or as_json))
+        except UsageError as e:
+            _fail(str(e), debug)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                _fail(f"disk full while writing {e.filename or 'the output'}; free space and rerun "
+                      f"(the output directory is marked incomplete)", debug)
+            raise
+        except KeyboardInterrupt:
+            _fail("interrupted; the output directory is marked incomplete and the next run rebuilds it",
+                  debug, 130)
+        m = result.manifest
+        if as_json:
+            click.echo(json.dumps({"out": str(result.out), "exit_code": result.exit_code,
+                                   "summary": m["summary"],
+                                   "builds": [{"name": b["name"], "format": b["format"], "status": b["status"],
+                                               "snr_db": _min_snr(b), "reason": b["parity"]["reason"]}
+                                              for b in m["builds"]]}, indent=2))
+        else:
+            _print_report(result.out)
+        sys.exit(result.exit_code)
+
+    params = [
+        click.Option(["--target", "-t"], default="s25-htp", show_default=True,
+                     help=f"device to build for: {', '.join(TARGETS)}"),
+        click.Option(["--checkpoint", "-c"], type=click.Path(), default=None,
+                     help="checkpoint directory in the official layout; default: a tiny seeded demo "
+                          "checkpoint (random weights) written into the output directory"),
+        click.Option(["--components"], default=None,
+                     help=f"comma-separated subset of: {', '.join(c.name for c in recipe.components)}"),
+        click.Option(["--precision", "-p"], default=None,
+                     help="comma-separated precisions (fp32, fp16, w8a16, w8a8); default: the target's ladder"),
+        click.Option(["--formats", "-f"], default=None,
+                     help="comma-separated formats (onnx, pte, dlc, ctx); default: all the target builds"),
+        click.Option(["--out", "-o"], type=click.Path(), default=None,
+                     help=f"output directory [default: artifacts/{name}-TARGET]"),
+        click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout"),
+        click.Option(["--force"], is_flag=True, help="replace an output directory holding another build"),
+        click.Option(["--no-attribution"], is_flag=True,
+                     help="skip per-block fidelity attribution (faster; rejected builds then name no block)"),
+        click.Option(["--rewrites"], default=None, metavar="LIST",
+                     help="HTP-safe graph rewrites: comma-separated names, or 'none' to see what they "
+                          f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),
+        click.Option(["--jobs", "-j"], type=int, default=None,
+                     help="parallel runner processes for scoring [default: min(2, cores)]"),
+        click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
+        click.Option(["--debug"], is_flag=True, help="show tracebacks"),
+    ]
+    for o in recipe.options:
+        params.append(click.Option([f"--{o.name}"], type=o.type, default=o.default,
+                                   show_default=o.default is not None, help=o.help))
+    return click.Command(name, callback=callback, params=params,
+                         help=f"Export {recipe.doc}: every component, format and precision the target "
+                              f"asks for, each scored against fp32 and gated.",
+                         context_settings={"max_content_width": 100})
+
+
+def _rewrites(text: str | None, target) -> tuple[str, ...]:
+    if text is None:
+        return target.rewrites
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    for n in names:
+        if n not in REWRITE_NAMES:
+            raise UsageError(f"unknown rewrite '{n}'; valid: {', '.join(REWRITE_NAMES)}, none")
+    return names
+
+
+def default_jobs() -> int:
+    import os
+
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _min_snr(b: dict):
+    outs = (b.get("parity") or {}).get("outputs") or []
+    vals = [o["snr_db"] for o in outs if isinstance(o["snr_db"], (int, float))]
+    return min(vals) if vals else None
+
+
+def _print_report(out: Path) -> None:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    text = (out / "report.md").read_text()
+    Console(highlight=False).print(Markdown(text))
+    click.echo(f"\nArtifacts, manifest.json, parity.json and report.md in {out}")
+
+
+for _name in REGISTRY:
+    main.add_command(_recipe_command(_name))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,126 @@
+"""ExecuTorch: XNNPACK .pte at fp32, fp16, PT2E static int8 (w8a8) and int8 weight-only (w8a16).
+
+Knows the format, never the model. Inputs and outputs stay fp32/int32 at the boundary; casts to
+fp16 happen inside the program, so every .pte is called the same way.
+
+w8a16 here means int8 per-channel weights stored in the program and dequantized at run time into
+fp16 compute (16-bit float activations): XNNPACK has no 16-bit integer activations. Those
+dequantized layers run on ExecuTorch's portable kernels, not XNNPACK: small, not fast.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import Precision
+
+SCHEMES = {
+    Precision.FP32: "fp32, XNNPACK",
+    Precision.FP16: "fp16 weights and compute, XNNPACK (fp32 I/O, cast inside)",
+    Precision.W8A8: "PT2E static int8: per-channel symmetric int8 weights, int8 activations "
+                    "(HistogramObserver), XNNPACKQuantizer",
+    Precision.W8A16: "int8 per-channel weight-only, dequantized to fp16 compute at run time "
+                     "(portable kernels; XNNPACK has no int16 activations)",
+}
+
+
+class _CastIO(nn.Module):
+    """Float inputs -> dtype inside the program, float outputs -> fp32."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, *args):
+        args = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
+        out = self.inner(*args)
+        if isinstance(out, tuple):
+            return tuple(o.float() if o.is_floating_point() else o for o in out)
+        return out.float() if out.is_floating_point() else out
+
+
+class _Int8Weight(nn.Module):
+    """A Linear / Conv1d / ConvTranspose1d whose weight is stored int8 per output channel."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.kind = type(layer).__name__
+        self.layer = layer
+        w = layer.weight.detach()
+        axis = 1 if self.kind == "ConvTranspose1d" else 0
+        dims = [d for d in range(w.dim()) if d != axis]
+        scale = w.abs().amax(dim=dims, keepdim=True).clamp(min=1e-12) / 127.0
+        self.register_buffer("wq", torch.round(w / scale).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale)
+        del layer.weight
+
+    def forward(self, x):
+        w = self.wq.to(x.dtype) * self.scale.to(x.dtype)
+        m = self.layer
+        if self.kind == "Linear":
+            return F.linear(x, w, m.bias)
+        if self.kind == "Conv1d":
+            return F.conv1d(x, w, m.bias, m.stride, m.padding, m.dilation, m.groups)
+        return F.conv_transpose1d(x, w, m.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+
+
+def _int8_weights(module: nn.Module) -> int:
+    n = 0
+    for name, child in list(module.named_children()):
+        if type(child) in (nn.Linear, nn.Conv1d, nn.ConvTranspose1d):
+            setattr(module, name, _Int8Weight(child))
+            n += 1
+        else:
+            n += _int8_weights(child)
+    return n
+
+
+def _lower(program, path: Path) -> Path:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    et = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(et.buffer)
+    return path
+
+
+def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, precision: Precision,
+               calibration: Sequence[Sequence[torch.Tensor]] = ()) -> dict:
+    """Write a .pte; returns details for the manifest. Quantized builds need calibration args."""
+    example = tuple(example)
+    details = {"scheme": SCHEMES[precision]}
+    if precision == Precision.FP32:
+        _lower(torch.export.export(module, example), path)
+    elif precision == Precision.FP16:
+        m = _CastIO(copy.deepcopy(module).half(), torch.float16).eval()
+        _lower(torch.export.export(m, example), path)
+    elif precision == Precision.W8A16:
+        inner = copy.deepcopy(module)
+        details["int8_layers"] = _int8_weights(inner)
+        m = _CastIO(inner.half(), torch.float16).eval()
+        _lower(torch.export.export(m, example), path)
+    elif precision == Precision.W8A8:
+        if not calibration:
+            raise ValueError("w8a8 needs calibration data; none was given")
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer, get_symmetric_quantization_config)
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(torch.export.export(module, example).module(), quantizer)
+        with torch.no_grad():
+            for args in calibration:
+                prepared(*args)
+        converted = convert_pt2e(prepared)
+        _lower(torch.export.export(converted, example), path)
+        details["calibration_samples"] = len(calibration)
+    else:
+        raise ValueError(f"no ExecuTorch scheme for {precision}")
+    return details

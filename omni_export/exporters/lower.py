@@ -1,0 +1,175 @@
+"""Lower: one traced graph -> artifact files for a (format, precision), plus how to run them.
+
+Intermediate graphs are shared between formats: the (HTP-rewritten) fp32 ONNX feeds the ONNX,
+DLC and context-binary builds; each QDQ ONNX is quantized once per precision. Exporters take
+programs, files and named tensors -- never a model.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core import BuildSpec, Format, Precision, Target
+from ..parity.metrics import score_outputs
+from ..parity.runners import RunnerSpec
+from . import rewrites as rw
+
+REWRITE_MIN_DB = 100.0
+
+
+@dataclass
+class Built:
+    files: list[Path]
+    runner: RunnerSpec
+    details: dict = field(default_factory=dict)
+
+
+class Lowering:
+    """Per (traced graph, target): memoised intermediate graphs in `work`."""
+
+    def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = ()):
+        self.traced, self.target, self.work = traced, target, work
+        self.rewrites = tuple(rewrites)
+        self.rewrite_report: list[dict] = []
+        self._program = None
+        self._onnx: dict[str, Path] = {}
+        work.mkdir(parents=True, exist_ok=True)
+
+    # ---- graphs
+    def program(self):
+        """The exported program with the HTP-safe rewrites, each checked in fp32."""
+        if self._program is not None:
+            return self._program
+        base = self.traced.program()
+        if not self.rewrites:
+            self._program = base
+            return base
+        rewritten, counts = rw.apply(base, self.rewrites)
+        applied = {k: v for k, v in counts.items() if v}
+        if applied:
+            module = rewritten.module()
+            outs = [self.traced.run_eager(s, module) for s in self.traced.heldout]
+            scores = score_outputs(self.traced.output_names, self.traced.reference, outs)
+            db = min(s.snr_db for s in scores)
+            ok = db >= REWRITE_MIN_DB
+            self.rewrite_report = [{"rewrite": k, "ops_replaced": v, "fp32_snr_db": round(db, 2),
+                                    "applied": ok, "doc": rw.REWRITES[k].doc} for k, v in applied.items()]
+            self._program = rewritten if ok else base
+        else:
+            self._program = base
+        return self._program
+
+    def onnx(self, precision: Precision) -> Path:
+        from . import onnx as ox
+
+        key = precision.value
+        if key in self._onnx:
+            return self._onnx[key]
+        names = (self.traced.input_names, self.traced.output_names)
+        if precision == Precision.FP32:
+            path = ox.export(self.program(), self.work / "fp32.onnx", *names)
+        elif precision == Precision.FP16:
+            path = ox.to_fp16(self.onnx(Precision.FP32), self.work / "fp16.onnx")
+        else:
+            if not self.traced.calibration:
+                raise ValueError(f"{precision.value} needs calibration inputs; none were captured")
+            path = ox.quantize_qdq(self.onnx(Precision.FP32), self.work / f"{key}.qdq.onnx",
+                                   self.traced.calibration, precision)
+        self._onnx[key] = path
+        return path
+
+    def qnn_source(self, precision: Precision) -> tuple[Path, dict]:
+        """The ONNX the QNN EP compiles for this precision, and its provider options."""
+        from .. import qnn_ep
+
+        src = self.onnx(Precision.FP32 if precision == Precision.FP16 else precision)
+        opts = qnn_ep.provider_options(self.target.soc_model, self.target.htp_arch,
+                                       fp16=precision == Precision.FP16)
+        return src, opts
+
+    def primary_runner(self, precision: Precision) -> RunnerSpec:
+        """Where this graph would run on the target: the HTP simulator, else ORT CPU."""
+        if self.target.has_htp and precision != Precision.FP32:
+            src, opts = self.qnn_source(precision)
+            return self._htp_spec(str(src), src, opts)
+        return self._spec("ort-cpu", self.onnx(precision))
+
+    # ---- builds
+    def build(self, spec: BuildSpec, staging: Path) -> Built:
+        out = staging / spec.filename
+        p = spec.precision
+        if spec.format == Format.ONNX:
+            src = self.onnx(p)
+            _copy_onnx(src, out)
+            return Built(_onnx_files(out), self._spec("ort-cpu", out), self._details(p))
+        if spec.format == Format.DLC:
+            from .. import qnn_ep
+
+            src, opts = self.qnn_source(p)
+            dlc = qnn_ep.compile_dlc(src, staging / "dlc", opts)
+            shutil.move(str(dlc), out)
+            shutil.rmtree(staging / "dlc", ignore_errors=True)
+            d = self._details(p, qnn=True)
+            d["scored_as"] = "the QNN graph this DLC serialises, run on the HTP simulator"
+            return Built([out], self._htp_spec(str(src), src, opts), d)
+        if spec.format == Format.CTX:
+            from .. import qnn_ep
+
+            src, opts = self.qnn_source(p)
+            ctx, binary = qnn_ep.compile_context(src, out, opts)
+            d = self._details(p, qnn=True)
+            d["wrapper"] = "EPContext .onnx (ONNX Runtime QNN EP); the *_qnn.bin is the raw QNN context binary"
+            return Built([ctx, binary], self._htp_spec(str(ctx), src, opts), d)
+        if spec.format == Format.PTE:
+            from .executorch import export_pte
+
+            calib = [self.traced.args(s) for s in self.traced.calibration] if p.quantized else ()
+            details = export_pte(self.traced.module, self.traced.example, out, p, calib)
+            return Built([out], self._spec("executorch", out), details)
+        raise ValueError(f"no exporter for {spec.format}")
+
+    # ---- helpers
+    def _details(self, p: Precision, qnn: bool = False) -> dict:
+        from .onnx import OPSET
+
+        d = {"opset": OPSET, "rewrites": self.rewrite_report}
+        if p.quantized:
+            d["scheme"] = {"w8a16": "QDQ: uint8 per-channel weights, uint16 activations (MinMax)",
+                           "w8a8": "QDQ: uint8 per-channel weights, uint8 activations (MinMax)"}[p.value]
+            d["calibration_samples"] = len(self.traced.calibration)
+        elif p == Precision.FP16:
+            d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp32 ONNX" if qnn
+                           else "fp16 weights and compute, fp32 I/O (Cast at the edges)")
+        else:
+            d["scheme"] = "fp32"
+        return d
+
+    def _spec(self, kind: str, path: Path, options: dict | None = None, key: str | None = None) -> RunnerSpec:
+        return RunnerSpec(kind, str(path), self.traced.input_names, self.traced.output_names,
+                          options or {}, key)
+
+    def _htp_spec(self, model: str, src: Path, opts: dict) -> RunnerSpec:
+        # A context binary and a DLC from the same source ONNX and options hold the same QNN graph:
+        # their outputs are computed once (result_key); the context binary is still loaded.
+        key = hashlib.sha256((_file_digest(src) + repr(sorted(opts.items()))).encode()).hexdigest()
+        return self._spec("qnn-htp", Path(model), dict(opts), key)
+
+
+def _file_digest(path: Path) -> str:
+    from ..artifacts.store import sha256_file
+
+    return sha256_file(path)
+
+
+def _copy_onnx(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    data = src.with_name(src.name + ".data")
+    if data.exists():
+        raise NotImplementedError("ONNX with external data: copy with renamed location")
+
+
+def _onnx_files(path: Path) -> list[Path]:
+    data = path.with_name(path.name + ".data")
+    return [path, data] if data.exists() else [path]

@@ -1,0 +1,105 @@
+"""ONNX: export (torch dynamo exporter), fp16 conversion, QDQ quantization for the HTP.
+
+Knows the format, never the model: every function takes a program or a file and tensors by name.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..core import Precision
+
+OPSET = 21
+_EXTERNAL_DATA_BYTES = 1_800_000_000   # stay clear of protobuf's 2 GB limit
+
+
+def export(program, path: Path, input_names: Sequence[str], output_names: Sequence[str]) -> Path:
+    """Export a torch.export ExportedProgram to ONNX (weights inline below ~1.8 GB)."""
+    import torch
+
+    weight_bytes = sum(t.numel() * t.element_size() for t in program.state_dict.values())
+    weight_bytes += sum(t.numel() * t.element_size() for t in program.constants.values()
+                        if isinstance(t, torch.Tensor))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _quiet_exporter()
+    torch.onnx.export(program, (), str(path), input_names=list(input_names),
+                      output_names=list(output_names), opset_version=OPSET, dynamo=True,
+                      external_data=weight_bytes > _EXTERNAL_DATA_BYTES, verbose=False)
+    return path
+
+
+def to_fp16(src: Path, dst: Path) -> Path:
+    """fp16 weights and compute, fp32 inputs/outputs (Cast nodes at the edges)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(src))
+    half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    _save(half, dst)
+    return dst
+
+
+class _Reader:
+    """onnxruntime.quantization CalibrationDataReader over a list of input dicts."""
+
+    def __init__(self, data: Sequence[dict]):
+        self._it = iter(data)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # not needed by MinMax, kept for the reader protocol
+        pass
+
+
+def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision) -> Path:
+    """Static QDQ for the HTP: int8 per-channel weights, 16- or 8-bit activations, MinMax ranges
+    collected by running the fp32 model on `calibration` (captured real inputs; never dummies)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    if not calibration:
+        raise ValueError("quantization needs calibration data; none was given")
+    act = {Precision.W8A16: QuantType.QUInt16, Precision.W8A8: QuantType.QUInt8}[precision]
+    model = onnx.load(str(src))
+    cfg = get_qnn_qdq_config(model, _Reader(calibration), activation_type=act,
+                             weight_type=QuantType.QUInt8, per_channel=True)
+    logging.getLogger().setLevel(logging.ERROR)   # ORT prints pre-processing advice at WARNING
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    quantize(str(src), str(dst), cfg)
+    return dst
+
+
+def input_feed(path: Path) -> list[tuple[str, list, str]]:
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    out = []
+    for i in m.graph.input:
+        t = i.type.tensor_type
+        out.append((i.name, [d.dim_value for d in t.shape.dim], onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name))
+    return out
+
+
+def _save(model, dst: Path) -> None:
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    big = model.ByteSize() > _EXTERNAL_DATA_BYTES
+    onnx.save(model, str(dst), save_as_external_data=big,
+              location=dst.name + ".data" if big else None)
+
+
+def _quiet_exporter() -> None:
+    os.environ.setdefault("TORCH_LOGS", "")
+    for name in ("torch.onnx", "torch.export", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def as_arrays(d: dict) -> dict:
+    return {k: np.ascontiguousarray(v) for k, v in d.items()}

@@ -1,0 +1,42 @@
+"""The gate: a score below the threshold, or any NaN/Inf, is a rejection with a reason."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core import OutputScore, Verdict
+
+
+def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[str] = (),
+          attribution: Sequence[dict] = ()) -> Verdict:
+    """Accept when every gated output (all when `gated` is empty) is finite and >= threshold."""
+    considered = [s for s in scores if not gated or s.name in gated]
+    if not considered:
+        return Verdict(False, threshold_db, "no outputs were scored", tuple(scores))
+    bad = [s for s in considered if not s.finite]
+    if bad:
+        where = _worst_block(attribution, nonfinite=True)
+        reason = f"output '{bad[0].name}' has NaN/Inf" + (f"; first non-finite block: {where}" if where else "")
+        return Verdict(False, threshold_db, reason, tuple(scores))
+    low = [s for s in considered if s.snr_db < threshold_db]
+    if low:
+        worst = min(low, key=lambda s: s.snr_db)
+        reason = f"output '{worst.name}' {worst.snr_db:.1f} dB < gate {threshold_db:.0f} dB"
+        where = _worst_block(attribution)
+        if where:
+            reason += f"; lowest block: {where}"
+        return Verdict(False, threshold_db, reason, tuple(scores))
+    worst = min(considered, key=lambda s: s.snr_db)
+    return Verdict(True, threshold_db, f"min {worst.snr_db:.1f} dB >= gate {threshold_db:.0f} dB", tuple(scores))
+
+
+def _worst_block(attribution: Sequence[dict], nonfinite: bool = False) -> str | None:
+    rows = [r for r in attribution if r.get("snr_db") is not None]
+    if nonfinite:
+        for r in attribution:
+            if r.get("finite") is False:
+                return r["block"]
+        return None
+    if not rows:
+        return None
+    r = min(rows, key=lambda r: r["snr_db"])
+    return f"{r['block']} {r['snr_db']:.1f} dB"

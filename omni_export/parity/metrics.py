@@ -1,0 +1,99 @@
+"""Fidelity metrics, pure numpy, in float64.
+
+SNR_dB  = 10 log10( sum(ref^2) / sum((ref - out)^2) )
+PSNR_dB = 20 log10( max|ref| / RMSE )   (peak from the fp32 reference, as AI Hub reports it)
+Both accumulate over every held-out sample of an output before taking the ratio.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..core import OutputScore
+
+INF_DB = float("inf")
+
+
+class Accumulator:
+    """Sums signal and error energy of one output across held-out samples."""
+
+    def __init__(self, name: str, logits: bool = False):
+        self.name, self.logits = name, logits
+        self.signal = 0.0
+        self.error = 0.0
+        self.count = 0
+        self.peak = 0.0
+        self.max_abs = 0.0
+        self.finite = True
+        self.top1_hits = 0
+        self.top1_total = 0
+
+    def add(self, ref: np.ndarray, out: np.ndarray) -> None:
+        ref = np.asarray(ref, dtype=np.float64)
+        out = np.asarray(out, dtype=np.float64)
+        if ref.shape != out.shape:
+            if ref.size != out.size:
+                raise ValueError(f"output '{self.name}': shape {out.shape} != reference {ref.shape}")
+            out = out.reshape(ref.shape)
+        if not np.isfinite(out).all():
+            self.finite = False
+            out = np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+            self.error = math.inf
+        diff = ref - out
+        self.signal += float(np.sum(ref * ref))
+        if self.error != math.inf:
+            self.error += float(np.sum(diff * diff))
+        self.count += ref.size
+        self.peak = max(self.peak, float(np.max(np.abs(ref))) if ref.size else 0.0)
+        self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))) if diff.size else 0.0)
+        if self.logits and ref.ndim >= 1 and ref.shape[-1] > 1:
+            a = ref.reshape(-1, ref.shape[-1]).argmax(-1)
+            b = out.reshape(-1, out.shape[-1]).argmax(-1)
+            self.top1_hits += int((a == b).sum())
+            self.top1_total += a.size
+
+    def score(self) -> OutputScore:
+        if not self.finite:
+            return OutputScore(self.name, -INF_DB, -INF_DB, math.inf, finite=False,
+                               top1=self._top1())
+        return OutputScore(self.name, snr_db(self.signal, self.error),
+                           psnr_db(self.peak, self.error, self.count), self.max_abs,
+                           top1=self._top1())
+
+    def _top1(self) -> float | None:
+        return self.top1_hits / self.top1_total if self.top1_total else None
+
+
+def snr_db(signal: float, error: float) -> float:
+    if error == 0.0:
+        return INF_DB
+    if signal == 0.0:
+        return -INF_DB
+    return 10.0 * math.log10(signal / error)
+
+
+def psnr_db(peak: float, error: float, count: int) -> float:
+    if error == 0.0:
+        return INF_DB
+    if peak == 0.0 or count == 0:
+        return -INF_DB
+    rmse = math.sqrt(error / count)
+    return 20.0 * math.log10(peak / rmse)
+
+
+def snr(ref: np.ndarray, out: np.ndarray) -> float:
+    acc = Accumulator("x")
+    acc.add(ref, out)
+    return acc.score().snr_db
+
+
+def score_outputs(names: Sequence[str], refs: Sequence[dict], outs: Sequence[dict],
+                  logits: Sequence[str] = ()) -> list[OutputScore]:
+    """Score every named output over paired lists of reference/output dicts."""
+    accs = {n: Accumulator(n, n in logits) for n in names}
+    for ref, out in zip(refs, outs, strict=True):
+        for n in names:
+            accs[n].add(ref[n], out[n])
+    return [accs[n].score() for n in names]

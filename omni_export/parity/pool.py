@@ -1,0 +1,63 @@
+"""Runner jobs in worker processes, so simulator runs overlap each other and the lowering.
+
+The HTP simulator is single-threaded and slow on long sequences (a Code2Wav chunk takes about a
+minute); on a 2-core machine two workers halve the wall time of the parity stage. Workers are
+spawned (not forked: torch and ORT threads do not survive a fork) and only receive a RunnerSpec
+and numpy inputs.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+
+from .runners import RunnerSpec, run_all
+
+
+def _job(spec: RunnerSpec, inputs: list[dict]) -> list[dict]:
+    return run_all(spec, inputs)
+
+
+def _init_worker() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+
+
+class RunPool:
+    """submit(spec, inputs) -> Future[list[dict]]; jobs=1 runs inline (no subprocess)."""
+
+    def __init__(self, jobs: int):
+        self.jobs = max(1, jobs)
+        self._pool = None
+        if self.jobs > 1:
+            self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn"),
+                                                initializer=_init_worker)
+
+    def submit(self, spec: RunnerSpec, inputs: list[dict]) -> cf.Future:
+        # ExecuTorch's runtime is quick and does not import cleanly beside torchao in a fresh
+        # spawned process; it runs here.
+        if self._pool is not None and spec.kind != "executorch":
+            return self._pool.submit(_job, spec, inputs)
+        f: cf.Future = cf.Future()
+        try:
+            f.set_result(_job(spec, inputs))
+        except Exception as e:  # surfaced by .result(), like a worker's exception
+            f.set_exception(e)
+        return f
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def default_jobs() -> int:
+    return max(1, min(2, os.cpu_count() or 1))

@@ -1,0 +1,121 @@
+"""Runners: load an artifact file on a real runtime and run named inputs to named outputs.
+
+Parity knows runners, not formats: an exporter hands back a RunnerSpec saying which runtime loads
+which file with which options.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    kind: str                       # "ort-cpu" | "qnn-htp" | "executorch"
+    model: str                      # file the runtime loads
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    options: dict = field(default_factory=dict, hash=False)
+    # Builds whose outputs are the same computation share a key, so they run once (see lower.py).
+    result_key: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "qnn-htp":
+            o = self.options
+            prec = "fp16" if o.get("enable_htp_fp16_precision") == "1" else "quantized"
+            return f"QNN HTP simulator (soc_model {o.get('soc_model')}, v{o.get('htp_arch')}, {prec})"
+        return {"ort-cpu": "ONNX Runtime CPU", "executorch": "ExecuTorch runtime (XNNPACK)"}[self.kind]
+
+    @property
+    def short(self) -> str:
+        if self.kind == "qnn-htp":
+            return "htp-sim fp16" if self.options.get("enable_htp_fp16_precision") == "1" else "htp-sim"
+        return {"ort-cpu": "ort-cpu", "executorch": "executorch"}[self.kind]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "short": self.short, "label": self.label, "options": dict(self.options)}
+
+
+class Runner:
+    def __init__(self, spec: RunnerSpec):
+        self.spec = spec
+
+    def run(self, inputs: dict) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class OrtRunner(Runner):
+    def __init__(self, spec: RunnerSpec, session):
+        super().__init__(spec)
+        self.session = session
+        self._names = [o.name for o in session.get_outputs()]
+        self._inputs = {i.name: i for i in session.get_inputs()}
+
+    def run(self, inputs: dict) -> dict:
+        feed = {n: _as_type(inputs[n], self._inputs[n].type) for n in self._inputs}
+        outs = self.session.run(None, feed)
+        return dict(zip(self.spec.output_names, outs)) if len(outs) == len(self.spec.output_names) \
+            else dict(zip(self._names, outs))
+
+    def close(self) -> None:
+        self.session = None
+
+
+class ExecuTorchRunner(Runner):
+    def __init__(self, spec: RunnerSpec):
+        super().__init__(spec)
+        from executorch.runtime import Runtime
+
+        self.program = Runtime.get().load_program(spec.model)
+        self.method = self.program.load_method("forward")
+
+    def run(self, inputs: dict) -> dict:
+        import torch
+
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self.spec.input_names]
+        outs = self.method.execute(args)
+        return {n: o.float().numpy() if o.dtype != torch.float32 else o.numpy()
+                for n, o in zip(self.spec.output_names, outs)}
+
+    def close(self) -> None:
+        self.method = self.program = None
+
+
+def open_runner(spec: RunnerSpec) -> Runner:
+    if spec.kind == "ort-cpu":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return OrtRunner(spec, ort.InferenceSession(spec.model, so, providers=["CPUExecutionProvider"]))
+    if spec.kind == "qnn-htp":
+        from .. import qnn_ep
+
+        return OrtRunner(spec, qnn_ep.session(spec.model, spec.options))
+    if spec.kind == "executorch":
+        return ExecuTorchRunner(spec)
+    raise ValueError(f"unknown runner kind {spec.kind}")
+
+
+def run_all(spec: RunnerSpec, inputs: Sequence[dict]) -> list[dict]:
+    runner = open_runner(spec)
+    try:
+        return [runner.run(x) for x in inputs]
+    finally:
+        runner.close()
+
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
+              "tensor(int64)": np.int64, "tensor(bool)": np.bool_}
+
+
+def _as_type(a, ort_type: str):
+    dt = _ORT_TYPES.get(ort_type)
+    a = np.asarray(a)
+    return np.ascontiguousarray(a.astype(dt, copy=False) if dt is not None else a)

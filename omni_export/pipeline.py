@@ -1,0 +1,377 @@
+"""The one generic run: plan -> trace -> lower -> score -> record. No model knowledge lives here."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from .artifacts import manifest as mf
+from .artifacts.store import Store
+from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
+from .recipes import load_callable
+from .targets import UNSUPPORTED_REASON, supports
+
+MIN_CALIBRATION = 4
+ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
+
+
+@dataclass
+class RunOptions:
+    recipe: Recipe
+    target: Target
+    out: Path
+    checkpoint: Path | None = None
+    components: tuple[str, ...] = ()
+    precisions: tuple[Precision, ...] = ()
+    formats: tuple[Format, ...] = ()
+    recipe_options: dict = field(default_factory=dict)
+    attribution: bool = True
+    rewrites: tuple[str, ...] | None = None     # None: the target's
+    force: bool = False
+    jobs: int = 2
+
+
+@dataclass
+class Plan:
+    builds: list[BuildSpec]
+    skipped: list[dict]
+
+
+class Progress:
+    """Stage reporting; the CLI swaps in a rich console, tests keep this silent one."""
+
+    @contextlib.contextmanager
+    def stage(self, text: str) -> Iterator[None]:
+        yield
+
+    def note(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class Result:
+    manifest: dict
+    exit_code: int
+    out: Path
+
+
+# --------------------------------------------------------------------------------------------- plan
+
+def plan(opts: RunOptions) -> Plan:
+    comps = opts.components or tuple(c.name for c in opts.recipe.components)
+    for c in comps:
+        opts.recipe.component(c)
+    precisions = opts.precisions or opts.target.default_precisions
+    formats = opts.formats or opts.target.formats
+    for f in formats:
+        if f not in opts.target.formats:
+            raise UsageError(f"target {opts.target.name} does not build {f.value}; its formats: "
+                             f"{', '.join(x.value for x in opts.target.formats)}")
+    builds, skipped = [], []
+    for c in comps:
+        for p in precisions:
+            for f in formats:
+                if supports(f, p):
+                    builds.append(BuildSpec(opts.recipe.name, c, f, p, opts.target.name))
+                else:
+                    skipped.append({"component": c, "format": f.value, "precision": p.value,
+                                    "reason": UNSUPPORTED_REASON.get(f, "not supported by the format")})
+    if not builds:
+        raise UsageError("nothing to build: every requested (format, precision) pair is unsupported; "
+                         + "; ".join(f"{s['format']}@{s['precision']}: {s['reason']}" for s in skipped[:3]))
+    return Plan(builds, skipped)
+
+
+# --------------------------------------------------------------------------------------------- run
+
+def run(opts: RunOptions, progress: Progress | None = None) -> Result:
+    progress = progress or Progress()
+    the_plan = plan(opts)
+    store = Store(opts.out)
+    store.begin(opts.recipe.name, opts.target.name, opts.force)
+    started = time.time()
+    loader = load_callable(opts.recipe.loader)
+    with progress.stage("load checkpoint"):
+        model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
+    entries: list[dict] = []
+    components: dict[str, dict] = {}
+    by_comp: dict[str, list[BuildSpec]] = {}
+    for b in the_plan.builds:
+        by_comp.setdefault(b.component, []).append(b)
+    for comp_name, builds in by_comp.items():
+        components[comp_name] = _run_component(opts, model, comp_name, builds, store, entries, progress)
+        gc.collect()
+    manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
+    from .parity import report
+
+    store.write_json("parity.json", report.parity_json(manifest))
+    store.write_text("report.md", report.markdown(manifest))
+    store.write_json("manifest.json", manifest)
+    store.finish()
+    missing = [c for c, info in components.items() if not info["accepted"]]
+    return Result(manifest, 3 if missing else 0, opts.out)
+
+
+def _rewrites(opts: RunOptions) -> tuple[str, ...]:
+    return opts.target.rewrites if opts.rewrites is None else tuple(opts.rewrites)
+
+
+def _recipe_options(opts: RunOptions) -> dict:
+    values = {o.name: o.default for o in opts.recipe.options}
+    values.update({k: v for k, v in opts.recipe_options.items() if v is not None})
+    return values
+
+
+def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: Store,
+                   entries: list[dict], progress: Progress) -> dict:
+    from .artifacts.manifest import hash_arrays
+    from .exporters.lower import Lowering
+    from .parity.pool import RunPool
+    from .trace import trace
+
+    component = opts.recipe.component(comp_name)
+    needs_calib = any(b.precision.quantized for b in builds)
+    timings = {}
+    t0 = time.time()
+    with progress.stage(f"{comp_name}: trace fp32 and capture inputs"):
+        graph = model.graph(comp_name)
+        heldout = model.samples(comp_name, "heldout")
+        calib = model.samples(comp_name, "calibration")
+        if needs_calib and len(calib.inputs) < MIN_CALIBRATION:
+            raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
+                             f"builds need at least {MIN_CALIBRATION} real inputs")
+        traced = trace(graph, calib, heldout)
+    timings["trace_s"] = round(time.time() - t0, 3)
+    lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
+                        rewrites=_rewrites(opts))
+    with RunPool(opts.jobs) as pool:
+        # Lower everything first, handing each runner job to the pool as soon as it exists, so the
+        # simulator runs overlap each other and the remaining lowering.
+        shared: dict = {}
+        pending = [_lower_build(spec, component, lowering, traced, store, pool, shared, progress)
+                   for spec in builds]
+        attribution_jobs = _lower_attribution(opts, traced, builds, store, pool, progress) if opts.attribution else {}
+        comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
+        attribution = _collect_attribution(attribution_jobs, progress, traced.name)
+    _link_attribution(comp_entries, attribution)
+    entries.extend(comp_entries)
+    timings["total_s"] = round(time.time() - t0, 3)
+    return {
+        "accepted": any(e["status"] == "accepted" for e in comp_entries),
+        "inputs": [s.to_json() for s in traced.inputs],
+        "outputs": [s.to_json() for s in traced.outputs],
+        "calibration": {"source": traced.calibration_source, "count": len(traced.calibration),
+                        "sha256": hash_arrays(traced.calibration)},
+        "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
+                    "sha256": hash_arrays(traced.heldout)},
+        "rewrites": lowering.rewrite_report,
+        "attribution": attribution,
+        "timings": timings,
+    }
+
+
+@dataclass
+class _Pending:
+    spec: BuildSpec
+    entry: dict
+    threshold: float
+    built: object = None
+    future: object = None
+    error: str | None = None
+    t_lower: float = 0.0
+    t_submit: float = 0.0
+
+
+def _lower_build(spec: BuildSpec, component, lowering, traced, store: Store, pool, shared: dict,
+                 progress) -> _Pending:
+    entry = {"name": spec.name, "component": spec.component, "format": spec.format.value,
+             "precision": spec.precision.value, "target": spec.target}
+    p = _Pending(spec, entry, component.gate_db(spec.precision))
+    staging = store.staging(spec.filename)
+    t0 = time.time()
+    try:
+        with progress.stage(f"{spec.component}: lower {spec.format.value} {spec.precision.value}"):
+            p.built = lowering.build(spec, staging)
+    except Exception as e:  # a failed lowering is a rejected build with its reason, not a crash
+        p.error = f"lowering failed: {_short(e)}"
+        p.t_lower = time.time() - t0
+        return p
+    p.t_lower = time.time() - t0
+    runner = p.built.runner
+    key = runner.result_key
+    if key and key in shared:
+        p.future = shared[key]           # the same QNN graph already runs for a sibling build
+        p.entry["shared_run"] = True
+    else:
+        p.future = pool.submit(runner, traced.heldout)
+        if key:
+            shared[key] = p.future
+    p.t_submit = time.time()
+    return p
+
+
+def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dict:
+    from .parity.gate import judge
+    from .parity.metrics import score_outputs
+    from .parity.runners import open_runner
+
+    entry = p.entry
+    if p.error:
+        return _failed(entry, p.threshold, p.error, p.t_lower)
+    runner = p.built.runner
+    try:
+        with progress.stage(f"{p.spec.component}: score {p.spec.format.value} {p.spec.precision.value} "
+                            f"on {runner.short}"):
+            outputs = p.future.result()
+            if entry.pop("shared_run", False):
+                open_runner(runner).close()   # still prove this artifact loads on its runtime
+    except Exception as e:
+        store.commit(p.built.files, accepted=False)
+        return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())
+    scores = score_outputs(traced.output_names, traced.reference, outputs, traced.logits)
+    verdict = judge(scores, p.threshold, component.gated_outputs)
+    records = store.commit(p.built.files, verdict.accepted)
+    entry.update({
+        "status": verdict.status,
+        "files": [r.to_json() for r in records],
+        "parity": _parity(verdict, runner),
+        "details": p.built.details,
+        "timings": {"lower_s": round(p.t_lower, 3), "run_wait_s": round(time.time() - p.t_submit, 3)},
+    })
+    return entry
+
+
+def _parity(verdict: Verdict, runner) -> dict:
+    return {"runner": runner.to_json(), "threshold_db": verdict.threshold_db, "verdict": verdict.status,
+            "reason": verdict.reason, "outputs": [s.to_json() for s in verdict.scores]}
+
+
+def _failed(entry: dict, threshold: float, reason: str, seconds: float, runner: dict | None = None) -> dict:
+    entry.update({"status": "rejected", "files": [], "error": reason,
+                  "parity": {"runner": runner, "threshold_db": threshold, "verdict": "rejected",
+                             "reason": reason, "outputs": []},
+                  "details": {}, "timings": {"lower_s": round(seconds, 3)}})
+    return entry
+
+
+def _short(e: Exception) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:400]
+
+
+# ------------------------------------------------------------------------------------- attribution
+
+def _lower_attribution(opts, traced, builds, store: Store, pool, progress) -> dict:
+    """Per precision: lower each block alone for the target's main runner and queue its run.
+
+    Each block is fed the fp32 activations the full graph produced in front of it, so its score
+    is the loss that block adds by itself (not the loss it inherits)."""
+    from .exporters.lower import Lowering
+    from .trace import trace_blocks
+
+    precisions = sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
+    if not precisions:
+        return {}
+    with progress.stage(f"{traced.name}: capture block activations"):
+        blocks = trace_blocks(traced, heldout_limit=ATTRIBUTION_SAMPLES)
+    lowerings = [Lowering(b, opts.target, store.root / ".staging" / "work" / traced.name / f"block{i}",
+                          rewrites=_rewrites(opts)) for i, b in enumerate(blocks)]
+    jobs = {}
+    for p in precisions:
+        rows = []
+        with progress.stage(f"{traced.name}: lower {len(blocks)} blocks alone, {p.value}"):
+            for block, lw in zip(blocks, lowerings):
+                row = {"block": block.name.split(":", 1)[1]}
+                try:
+                    spec = lw.primary_runner(p)
+                    row["runner"] = spec.label
+                    rows.append((row, block, pool.submit(spec, block.heldout)))
+                except Exception as e:
+                    row.update({"snr_db": None, "error": _short(e)})
+                    rows.append((row, block, None))
+        jobs[p.value] = rows
+    return jobs
+
+
+def _collect_attribution(jobs: dict, progress, name: str) -> dict:
+    from .parity.metrics import score_outputs
+
+    result = {}
+    for prec, rows in jobs.items():
+        out = []
+        with progress.stage(f"{name}: per-block fidelity, {prec}"):
+            for row, block, future in rows:
+                if future is not None:
+                    try:
+                        scores = score_outputs(block.output_names, block.reference, future.result())
+                        s = min(scores, key=lambda x: x.snr_db)
+                        row.update({"snr_db": round(s.snr_db, 3) if s.finite else None,
+                                    "psnr_db": round(s.psnr_db, 3) if s.finite else None, "finite": s.finite})
+                    except Exception as e:
+                        row.update({"snr_db": None, "error": _short(e)})
+                out.append(row)
+        result[prec] = out
+    return result
+
+
+def _link_attribution(entries: list[dict], attribution: dict) -> None:
+    """Name the weakest block in the reason of every rejected build."""
+    for e in entries:
+        if e["status"] != "rejected":
+            continue
+        rows = attribution.get(e["precision"], [])
+        bad = [r for r in rows if r.get("finite") is False or r.get("error")]
+        ok = [r for r in rows if r.get("snr_db") is not None]
+        if bad:
+            r = bad[0]
+            e["parity"]["reason"] += f"; block {r['block']} " + ("has NaN/Inf" if r.get("finite") is False
+                                                                else f"failed: {r.get('error')}")
+        elif ok:
+            r = min(ok, key=lambda r: r["snr_db"])
+            e["parity"]["reason"] += f"; weakest block: {r['block']} {r['snr_db']:.1f} dB"
+
+
+# ---------------------------------------------------------------------------------------- manifest
+
+def _manifest(opts, model, the_plan: Plan, entries, components, seconds: float) -> dict:
+    t = opts.target
+    return {
+        "schema_version": mf.SCHEMA_VERSION,
+        "tool": "omni-export",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": {"name": opts.recipe.name, "version": opts.recipe.version, "doc": opts.recipe.doc},
+        "checkpoint": model.info,
+        "target": {"name": t.name, "device": t.device, "soc": t.soc, "soc_model": t.soc_model,
+                   "htp_arch": t.htp_arch, "hub_device": t.hub_device, "rewrites": list(t.rewrites)},
+        "options": {"components": sorted({b.component for b in the_plan.builds}),
+                    "precisions": sorted({b.precision.value for b in the_plan.builds}),
+                    "formats": sorted({b.format.value for b in the_plan.builds}),
+                    "attribution": opts.attribution, "rewrites": list(_rewrites(opts)), "jobs": opts.jobs,
+                    "recipe_options": _recipe_options(opts)},
+        "toolchain": mf.toolchain(),
+        "host": mf.host(),
+        "components": components,
+        "builds": entries,
+        "skipped": the_plan.skipped,
+        "summary": _summary(entries, components),
+        "timings": {"total_s": round(seconds, 3)},
+    }
+
+
+def _summary(entries: list[dict], components: dict) -> dict:
+    return {
+        "accepted": sum(e["status"] == "accepted" for e in entries),
+        "rejected": sum(e["status"] == "rejected" for e in entries),
+        "components_without_accepted_build": sorted(c for c, i in components.items() if not i["accepted"]),
+    }
+
+
+def describe_exception() -> str:  # used by the CLI's --debug
+    return traceback.format_exc()
+
+
+__all__ = ["RunOptions", "run", "plan", "Progress", "Result", "Callable", "Sequence"]
