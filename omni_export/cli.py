@@ -116,7 +116,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, no_attribution,
-                 rewrites, jobs, quiet, debug, **recipe_opts):
+                 rewrites, jobs, gate, quiet, debug, **recipe_opts):
         from .pipeline import RunOptions, run
 
         try:
@@ -131,7 +131,7 @@ def _recipe_command(name: str) -> click.Command:
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution=not no_attribution, rewrites=_rewrites(rewrites, tgt), force=force,
-                jobs=jobs or default_jobs())
+                jobs=jobs or default_jobs(), gates=parse_gates(gate))
             with _native_stdout_to_stderr():
                 result = run(opts, _Console(quiet or as_json))
         except UsageError as e:
@@ -176,6 +176,8 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--rewrites"], default=None, metavar="LIST",
                      help="HTP-safe graph rewrites: comma-separated names, or 'none' to see what they "
                           f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),
+        click.Option(["--gate"], default=None, metavar="PREC=DB,...",
+                     help="override the recipe's gates in dB of SNR, e.g. --gate fp16=45,w8a16=32"),
         click.Option(["--jobs", "-j"], type=int, default=None,
                      help="parallel runner processes for scoring [default: min(2, cores)]"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
@@ -202,6 +204,21 @@ def _rewrites(text: str | None, target) -> tuple[str, ...]:
     return names
 
 
+def parse_gates(text: str | None) -> dict:
+    gates = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        prec, sep, value = item.partition("=")
+        try:
+            gates[Precision.parse(prec)] = float(value)
+        except ValueError:
+            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'") from None
+        if not sep:
+            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'")
+    return gates
+
+
 def default_jobs() -> int:
     import os
 
@@ -219,7 +236,10 @@ def _print_report(out: Path) -> None:
     from rich.markdown import Markdown
 
     text = (out / "report.md").read_text()
-    Console(highlight=False).print(Markdown(text))
+    if sys.stdout.isatty():
+        Console(highlight=False).print(Markdown(text))
+    else:
+        click.echo(text)
     click.echo(f"\nArtifacts, manifest.json, parity.json and report.md in {out}")
 
 

@@ -112,6 +112,7 @@ class Recipe:
     doc: str
     components: tuple[Component, ...]
     loader: str                              # "package.module:function"
+    tiny: str = ""                           # "module:function(dir) -> dir": a tiny seeded checkpoint
     options: tuple[RecipeOption, ...] = ()
     version: str = "1"                       # bump when graphs change (part of build cache keys)
 

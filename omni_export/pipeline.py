@@ -33,6 +33,7 @@ class RunOptions:
     rewrites: tuple[str, ...] | None = None     # None: the target's
     force: bool = False
     jobs: int = 2
+    gates: dict = field(default_factory=dict)      # Precision -> dB, overrides the recipe's gates
 
 
 @dataclass
@@ -152,8 +153,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
         shared: dict = {}
-        pending = [_lower_build(spec, component, lowering, traced, store, pool, shared, progress)
-                   for spec in builds]
+        pending = [_lower_build(spec, _gate(opts, component, spec.precision), lowering, traced, store,
+                                pool, shared, progress) for spec in builds]
         attribution_jobs = _lower_attribution(opts, traced, builds, store, pool, progress) if opts.attribution else {}
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
@@ -186,11 +187,15 @@ class _Pending:
     t_submit: float = 0.0
 
 
-def _lower_build(spec: BuildSpec, component, lowering, traced, store: Store, pool, shared: dict,
+def _gate(opts: RunOptions, component, precision: Precision) -> float:
+    return float(opts.gates.get(precision, component.gate_db(precision)))
+
+
+def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Store, pool, shared: dict,
                  progress) -> _Pending:
     entry = {"name": spec.name, "component": spec.component, "format": spec.format.value,
              "precision": spec.precision.value, "target": spec.target}
-    p = _Pending(spec, entry, component.gate_db(spec.precision))
+    p = _Pending(spec, entry, threshold)
     staging = store.staging(spec.filename)
     t0 = time.time()
     try:
@@ -351,6 +356,7 @@ def _manifest(opts, model, the_plan: Plan, entries, components, seconds: float) 
                     "precisions": sorted({b.precision.value for b in the_plan.builds}),
                     "formats": sorted({b.format.value for b in the_plan.builds}),
                     "attribution": opts.attribution, "rewrites": list(_rewrites(opts)), "jobs": opts.jobs,
+                    "gates_db": {p.value: v for p, v in opts.gates.items()},
                     "recipe_options": _recipe_options(opts)},
         "toolchain": mf.toolchain(),
         "host": mf.host(),

@@ -5,7 +5,6 @@ Knows the format, never the model: every function takes a program or a file and 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -96,7 +95,6 @@ def _save(model, dst: Path) -> None:
 
 
 def _quiet_exporter() -> None:
-    os.environ.setdefault("TORCH_LOGS", "")
     for name in ("torch.onnx", "torch.export", "onnxscript"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

@@ -40,7 +40,8 @@ def markdown(m: dict) -> str:
     lines = [
         f"# omni-export: {m['recipe']['name']} for {m['target']['name']}",
         "",
-        f"Checkpoint: `{ck['path']}` — **{ck['label']}**  ",
+        f"Checkpoint: **{ck['label']}**  ",
+        f"Path: `{ck['path']}`  ",
         f"Target: {m['target']['device']} (soc_model {m['target']['soc_model']}, "
         f"HTP v{m['target']['htp_arch']})  " if m["target"]["soc_model"] else f"Target: {m['target']['device']}  ",
         f"Toolchain: torch {m['toolchain'].get('torch')}, executorch {m['toolchain'].get('executorch')}, "

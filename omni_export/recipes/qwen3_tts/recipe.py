@@ -24,6 +24,7 @@ RECIPE = Recipe(
     doc="Qwen3-TTS 12Hz (0.6B / 1.7B; CustomVoice, Base, VoiceDesign)",
     components=(CODE2WAV,),
     loader="omni_export.recipes.qwen3_tts.model:load",
+    tiny="omni_export.recipes.qwen3_tts.checkpoint:write_checkpoint",
     options=(
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s"),
         RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25)"),

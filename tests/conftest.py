@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny seeded checkpoints in the official layout, a CLI runner."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+
+# Fast streaming geometry for pipeline tests: the HTP simulator's cost grows with samples.
+FAST = ["--left-context", "2", "--chunk-frames", "2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from omni_export.recipes.qwen3_tts import checkpoint as ck
+
+    return ck.write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
+
+
+def run_cli(*args: str, check: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "omni_export.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def read_manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def builds_by(manifest: dict) -> dict:
+    return {(b["component"], b["format"], b["precision"]): b for b in manifest["builds"]}

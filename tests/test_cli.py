@@ -1,0 +1,61 @@
+"""The command line as a user meets it: help, list, and one-line errors with exit code 2."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+
+def test_help_is_instant_no_torch_import():
+    code = "import sys, omni_export.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    proc = run_cli("qwen3-tts", "--help")
+    assert proc.returncode == 0
+    for flag in ("--target", "--checkpoint", "--precision", "--formats", "--chunk-frames", "--gate", "--json"):
+        assert flag in proc.stdout
+
+
+def test_list_names_recipes_components_targets_precisions_formats():
+    out = run_cli("list", check=True).stdout
+    for word in ("qwen3-tts", "code2wav", "s25-htp", "s24-htp", "cpu", "w8a16", "ctx", "pte", "dlc"):
+        assert word in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target", "pixel9"], "unknown target 'pixel9'; valid: s25-htp, s24-htp, cpu"),
+    (["--precision", "int4"], "unknown precision 'int4'; valid: fp32, fp16, w8a16, w8a8"),
+    (["--formats", "tflite"], "unknown format 'tflite'; valid: onnx, dlc, ctx, pte"),
+    (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: code2wav"),
+    (["--gate", "fp16"], "--gate expects PRECISION=DB"),
+    (["--rewrites", "magic"], "unknown rewrite 'magic'"),
+    (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc"),
+    (["--target", "s25-htp", "--precision", "fp32", "--formats", "dlc"], "nothing to build"),
+])
+def test_usage_errors_are_one_line_with_exit_2(tmp_path, args, message):
+    proc = run_cli("qwen3-tts", "--out", str(tmp_path / "o"), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_checkpoint_dir(tmp_path):
+    proc = run_cli("qwen3-tts", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_pickle_checkpoint_is_refused(tmp_path, tiny_checkpoint):
+    import shutil
+
+    d = tmp_path / "ck"
+    shutil.copytree(tiny_checkpoint, d)
+    st = d / "speech_tokenizer"
+    (st / "model.safetensors").rename(st / "model.bin")
+    proc = run_cli("qwen3-tts", "--checkpoint", str(d), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "never unpickles" in proc.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = run_cli("qwen3-tts", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--debug")
+    assert proc.returncode == 2 and "Traceback" in proc.stderr

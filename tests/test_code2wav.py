@@ -1,0 +1,129 @@
+"""Code2Wav: our export-friendly module against upstream qwen_tts goldens, and its loader."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GOLDEN
+from omni_export.core import UsageError
+from omni_export.parity.metrics import snr
+from omni_export.recipes.qwen3_tts import checkpoint as ck
+from omni_export.recipes.qwen3_tts import host
+from omni_export.recipes.qwen3_tts.modules import build_code2wav
+from omni_export.weights import write_safetensors
+
+CASES = ["code2wav_tiny", "code2wav_tiny_short"]
+
+
+def golden(name):
+    g = np.load(GOLDEN / "qwen3_tts" / f"{name}.npz")
+    return {k: g[k] for k in g.files}
+
+
+def load(tmp_path, seed):
+    return ck.load_speech_tokenizer(ck.write_checkpoint(tmp_path / f"ck{seed}", seed=seed))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_full_decode_matches_upstream(tmp_path, name):
+    g = golden(name)
+    st = load(tmp_path, int(g["seed"]))
+    frames = g["codes"].shape[-1]
+    m = build_code2wav(st.config, st.tensors, frames)
+    with torch.no_grad():
+        wav = m(torch.from_numpy(g["codes"]), torch.ones(1, frames)).numpy()
+    assert snr(g["full"], wav) >= 80
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_streaming_chunk_graph_matches_upstream_chunked_decode(tmp_path, name):
+    g = golden(name)
+    st = load(tmp_path, int(g["seed"]))
+    left, chunk = int(g["left"]), int(g["chunk"])
+    m = build_code2wav(st.config, st.tensors, left + chunk)
+
+    def run(inputs):
+        with torch.no_grad():
+            return m(torch.from_numpy(inputs["codes"]), torch.from_numpy(inputs["frame_mask"])).numpy()
+
+    wav = host.stream_decode(g["codes"][0].T, run, left, chunk, st.config.samples_per_frame)
+    assert wav.shape == g["chunked"].reshape(-1).shape
+    assert snr(g["chunked"].reshape(-1), wav) >= 60
+
+
+def test_windows_follow_upstream_context_rule():
+    codes = np.arange(30 * 2).reshape(30, 2)
+    wins = list(host.windows(codes, left=5, chunk=4, samples_per_frame=10))
+    assert len(wins) == 8                                   # ceil(30 / 4)
+    assert wins[0].frame_mask.sum() == 4                    # no context for the first chunk
+    assert wins[1].frame_mask.sum() == 8                    # 4 frames of context (start - L <= 0)
+    assert wins[2].frame_mask.sum() == 9                    # full context from then on
+    assert wins[-1].frame_mask.sum() == 5 + 2               # last chunk: 2 real frames
+    assert (wins[2].codes[0, :, :9].T == codes[3:12]).all()
+    assert all(w.keep_from == 50 for w in wins)
+
+
+def test_padding_frames_cannot_change_real_output(tmp_path):
+    """The mask makes padded frames invisible: any codes there give the same real samples."""
+    st = load(tmp_path, 0)
+    m = build_code2wav(st.config, st.tensors, 6)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 2048, (1, 16, 6)).astype(np.int32)
+    mask = np.array([[0, 0, 1, 1, 1, 1]], np.float32)
+    other = codes.copy()
+    other[:, :, :2] = rng.integers(0, 2048, (1, 16, 2))
+    with torch.no_grad():
+        a = m(torch.from_numpy(codes), torch.from_numpy(mask)).numpy()[..., 2 * 1920:]
+        b = m(torch.from_numpy(other), torch.from_numpy(mask)).numpy()[..., 2 * 1920:]
+    assert np.array_equal(a, b)
+
+
+def test_real_geometry_config_and_tensor_table():
+    c = ck.REAL_CODE2WAV
+    t = ck.code2wav_tensors(c)
+    assert c.samples_per_frame == 1920
+    assert t["pre_transformer.layers.0.self_attn.q_proj.weight"].shape == (1024, 512)
+    assert t["decoder.6.conv.weight"].shape == (1, 96, 7)
+    assert t["quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum"].shape == (2048, 256)
+    n_params = sum(int(np.prod(d.shape)) for d in t.values())
+    assert 100e6 < n_params < 130e6      # the 12 Hz decoder is ~114M parameters
+
+
+def test_our_tensor_names_are_exactly_upstreams():
+    """The decoder.* names upstream's save_pretrained wrote are the ones our table declares."""
+    saved = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "speech_tokenizer_tensors.json").read_text())
+    cfg = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "speech_tokenizer" / "config.json").read_text())
+    c = ck.Code2WavConfig.from_dict(cfg["decoder_config"], "golden")
+    ours = {"decoder." + k: list(v.shape) for k, v in ck.code2wav_tensors(c).items()}
+    theirs = {k: v for k, v in saved.items() if k.startswith("decoder.")}
+    assert ours == theirs
+
+
+def test_missing_tensor_and_wrong_shape_are_named(tmp_path):
+    d = ck.write_checkpoint(tmp_path / "c", seed=0)
+    from safetensors.numpy import load_file
+
+    path = d / "speech_tokenizer" / "model.safetensors"
+    tensors = load_file(path)
+    bad = dict(tensors)
+    del bad["decoder.pre_conv.conv.weight"]
+    write_safetensors(path, bad)
+    with pytest.raises(UsageError, match="'decoder.pre_conv.conv.weight' is missing"):
+        ck.load_speech_tokenizer(d)
+    bad = dict(tensors)
+    bad["decoder.pre_conv.conv.bias"] = np.zeros(7, np.float32)
+    write_safetensors(path, bad)
+    with pytest.raises(UsageError, match=r"'decoder.pre_conv.conv.bias' has shape \[7\]"):
+        ck.load_speech_tokenizer(d)
+
+
+def test_missing_speech_tokenizer_and_wrong_model_type(tmp_path):
+    d = ck.write_checkpoint(tmp_path / "c", seed=0)
+    shutil.rmtree(d / "speech_tokenizer")
+    with pytest.raises(UsageError, match="missing speech_tokenizer"):
+        ck.load_speech_tokenizer(d)
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UsageError, match="model_type is 'llama'"):
+        ck.check_root_config(d)

@@ -1,0 +1,126 @@
+"""Each exporter and runner on a tiny graph: real ONNX Runtime, QNN HTP simulator, ExecuTorch."""
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from omni_export import qnn_ep
+from omni_export.core import BuildSpec, Format, Graph, Precision, Samples, TensorSpec
+from omni_export.exporters import onnx as ox
+from omni_export.exporters.executorch import export_pte
+from omni_export.exporters.lower import Lowering
+from omni_export.parity.metrics import snr
+from omni_export.parity.runners import RunnerSpec, run_all
+from omni_export.targets import TARGETS
+from omni_export.trace import trace
+
+
+class Tiny(torch.nn.Module):
+    """Embedding gather + conv + snake + linear: the op mix of the vocoder, tiny."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(64, 8, generator=g))
+        self.conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, ids, x):
+        h = torch.nn.functional.embedding(ids, self.table).transpose(1, 2) + x
+        h = self.conv(h)
+        h = h + torch.sin(h).pow(2)
+        return self.lin(h.transpose(1, 2))
+
+
+def sample(rng):
+    return {"ids": rng.integers(0, 64, (1, 32)).astype(np.int32),
+            "x": rng.standard_normal((1, 8, 32)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def traced():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    g = Graph("tiny", Tiny().eval(), (TensorSpec("ids", (1, 32), "int32"), TensorSpec("x", (1, 8, 32), "float32")),
+              (TensorSpec("y", (1, 32, 4), "float32"),))
+    return trace(g, Samples([sample(rng) for _ in range(16)], "randn"), Samples([sample(rng) for _ in range(2)], "randn"))
+
+
+def score(traced, spec):
+    outs = run_all(spec, traced.heldout)
+    return min(snr(r["y"], o["y"]) for r, o in zip(traced.reference, outs))
+
+
+@pytest.fixture(scope="module")
+def lowering(traced, tmp_path_factory):
+    return Lowering(traced, TARGETS["s25-htp"], tmp_path_factory.mktemp("work"), rewrites=("pow_mul",))
+
+
+@pytest.mark.parametrize("precision,floor", [(Precision.FP32, 100), (Precision.FP16, 45),
+                                              (Precision.W8A16, 30), (Precision.W8A8, 20)])
+def test_onnx_builds_run_on_ort_cpu(traced, lowering, tmp_path, precision, floor):
+    spec = BuildSpec("r", "tiny", Format.ONNX, precision, "s25-htp")
+    built = lowering.build(spec, tmp_path)
+    assert built.runner.kind == "ort-cpu" and built.files[0].name == spec.filename
+    assert score(traced, built.runner) >= floor
+
+
+def test_w8a16_is_closer_than_w8a8(traced, lowering, tmp_path):
+    s16 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A16, "t"), tmp_path).runner)
+    s8 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A8, "t"), tmp_path).runner)
+    assert s16 > s8 + 3
+
+
+def test_quantization_without_calibration_is_an_error(traced, tmp_path):
+    with pytest.raises(ValueError, match="calibration"):
+        ox.quantize_qdq(Lowering(traced, TARGETS["cpu"], tmp_path).onnx(Precision.FP32), tmp_path / "q.onnx",
+                        [], Precision.W8A16)
+
+
+@pytest.mark.parametrize("precision,floor", [(Precision.FP16, 45), (Precision.W8A16, 30)])
+def test_dlc_and_context_binary_on_the_htp_simulator(traced, lowering, tmp_path, precision, floor):
+    dlc = lowering.build(BuildSpec("r", "tiny", Format.DLC, precision, "s25-htp"), tmp_path)
+    assert zipfile.is_zipfile(dlc.files[0]) and dlc.files[0].stat().st_size > 1000
+    ctx = lowering.build(BuildSpec("r", "tiny", Format.CTX, precision, "s25-htp"), tmp_path)
+    wrapper, binary = ctx.files
+    assert wrapper.name.endswith(".ctx.onnx") and binary.name.endswith("_qnn.bin") and binary.stat().st_size > 1000
+    assert ctx.runner.kind == "qnn-htp" and ctx.runner.options["soc_model"] == "69"
+    assert ctx.runner.result_key == dlc.runner.result_key      # same QNN graph
+    assert score(traced, dlc.runner) >= floor
+
+
+def test_context_binary_run_equals_the_compiling_session(traced, lowering, tmp_path):
+    """Why a DLC and a context binary from one source ONNX may share one simulator run."""
+    ctx = lowering.build(BuildSpec("r", "tiny", Format.CTX, Precision.FP16, "s25-htp"), tmp_path)
+    src, opts = lowering.qnn_source(Precision.FP16)
+    from_session = run_all(RunnerSpec("qnn-htp", str(src), traced.input_names, traced.output_names, opts), traced.heldout)
+    from_binary = run_all(ctx.runner, traced.heldout)
+    for a, b in zip(from_session, from_binary):
+        assert np.array_equal(a["y"], b["y"])
+
+
+@pytest.mark.parametrize("precision,floor", [(Precision.FP32, 100), (Precision.FP16, 45),
+                                              (Precision.W8A16, 30), (Precision.W8A8, 20)])
+def test_pte_builds_run_on_the_executorch_runtime(traced, tmp_path, precision, floor):
+    path = tmp_path / "m.pte"
+    calib = [traced.args(s) for s in traced.calibration]
+    details = export_pte(traced.module, traced.example, path, precision, calib if precision.quantized else ())
+    assert details["scheme"]
+    spec = RunnerSpec("executorch", str(path), traced.input_names, traced.output_names)
+    assert score(traced, spec) >= floor
+
+
+def test_pte_int8_needs_calibration(traced, tmp_path):
+    with pytest.raises(ValueError, match="calibration"):
+        export_pte(traced.module, traced.example, tmp_path / "m.pte", Precision.W8A8, ())
+
+
+def test_pte_w8a16_stores_int8_weights(tmp_path):
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).eval()
+    x = (torch.randn(1, 4, 256),)
+    export_pte(m, x, tmp_path / "a.pte", Precision.FP16)
+    details = export_pte(m, x, tmp_path / "b.pte", Precision.W8A16)
+    assert details["int8_layers"] == 2
+    # 2 x 256 x 256 weights: 256 KiB in fp16, 128 KiB in int8
+    assert (tmp_path / "b.pte").stat().st_size < 0.6 * (tmp_path / "a.pte").stat().st_size

@@ -1,0 +1,40 @@
+import math
+
+from omni_export.core import OutputScore
+from omni_export.parity.gate import judge
+
+
+def s(name, db, finite=True):
+    return OutputScore(name, db, db + 15, 0.1, finite=finite)
+
+
+def test_accepts_at_or_above_threshold():
+    v = judge([s("wav", 40.0)], 40.0)
+    assert v.accepted and v.status == "accepted"
+
+
+def test_rejects_below_threshold_with_reason_naming_output():
+    v = judge([s("wav", 39.9)], 40.0)
+    assert not v.accepted
+    assert "wav" in v.reason and "39.9" in v.reason and "40" in v.reason
+
+
+def test_nan_is_rejected_even_when_threshold_is_minus_inf():
+    v = judge([s("logits", -math.inf, finite=False)], -math.inf)
+    assert not v.accepted and "NaN/Inf" in v.reason
+
+
+def test_only_gated_outputs_count():
+    scores = [s("logits", 50.0), s("hidden", 10.0)]
+    assert judge(scores, 40.0, gated=("logits",)).accepted
+    assert not judge(scores, 40.0).accepted
+
+
+def test_reason_names_weakest_block_from_attribution():
+    rows = [{"block": "a", "snr_db": 50.0}, {"block": "b", "snr_db": 12.0}, {"block": "c", "snr_db": None}]
+    v = judge([s("wav", 20.0)], 30.0, attribution=rows)
+    assert "b 12.0 dB" in v.reason
+
+
+def test_no_outputs_is_a_rejection():
+    assert not judge([], 30.0).accepted

@@ -1,0 +1,84 @@
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from omni_export.core import UsageError
+from omni_export.weights import TensorDecl, load_tensors, read_header, refuse_pickles, seeded_tensors, write_safetensors
+
+TABLE = {"a.weight": TensorDecl((4, 3)), "a.bias": TensorDecl((4,), ("zeros",)),
+         "opt": TensorDecl((2,), required=False)}
+
+
+def write(tmp_path, tensors):
+    p = tmp_path / "model.safetensors"
+    write_safetensors(p, tensors)
+    return p
+
+
+def test_seeded_tensors_are_deterministic_and_follow_init():
+    a, b = seeded_tensors(TABLE, 3), seeded_tensors(TABLE, 3)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["a.weight"], seeded_tensors(TABLE, 4)["a.weight"])
+    assert (a["a.bias"] == 0).all()
+
+
+def test_loads_declared_tensors_with_prefix(tmp_path):
+    t = seeded_tensors(TABLE, 0)
+    p = write(tmp_path, {"decoder." + k: v for k, v in t.items()})
+    out = load_tensors(p, TABLE, prefix="decoder.")
+    assert np.array_equal(out["a.weight"].numpy(), t["a.weight"])
+
+
+def test_missing_tensor_is_named(tmp_path):
+    p = write(tmp_path, {"a.weight": np.zeros((4, 3), np.float32)})
+    with pytest.raises(UsageError, match="'a.bias' is missing"):
+        load_tensors(p, TABLE)
+
+
+def test_optional_tensor_may_be_absent(tmp_path):
+    t = seeded_tensors(TABLE, 0)
+    del t["opt"]
+    assert "opt" not in load_tensors(write(tmp_path, t), TABLE)
+
+
+def test_wrong_shape_is_named_with_both_shapes(tmp_path):
+    t = seeded_tensors(TABLE, 0)
+    t["a.weight"] = np.zeros((3, 4), np.float32)
+    with pytest.raises(UsageError, match=r"'a.weight' has shape \[3, 4\], expected \[4, 3\]"):
+        load_tensors(write(tmp_path, t), TABLE)
+
+
+def test_nan_weights_are_refused(tmp_path):
+    t = seeded_tensors(TABLE, 0)
+    t["a.weight"][1, 1] = np.nan
+    with pytest.raises(UsageError, match="NaN/Inf"):
+        load_tensors(write(tmp_path, t), TABLE)
+
+
+def test_truncated_file_is_our_error(tmp_path):
+    p = write(tmp_path, seeded_tensors(TABLE, 0))
+    data = p.read_bytes()
+    p.write_bytes(data[:-7])
+    with pytest.raises(UsageError, match="truncated or corrupted"):
+        load_tensors(p, TABLE)
+
+
+def test_garbage_header_is_our_error(tmp_path):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", 12) + b"not json!!!!" + b"\0" * 10)
+    with pytest.raises(UsageError, match="not a readable safetensors"):
+        read_header(p)
+    p.write_bytes(b"\x01")
+    with pytest.raises(UsageError, match="not a readable safetensors"):
+        read_header(p)
+    p.write_bytes(struct.pack("<Q", 2) + json.dumps([1]).encode()[:2])
+    with pytest.raises(UsageError):
+        read_header(p)
+
+
+def test_pickle_checkpoints_are_refused(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(UsageError, match="never unpickles"):
+        refuse_pickles(tmp_path)
