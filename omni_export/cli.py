@@ -184,8 +184,11 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
     ]
     for o in recipe.options:
-        params.append(click.Option([f"--{o.name}"], type=o.type, default=o.default,
-                                   show_default=o.default is not None, help=o.help))
+        if o.type is bool:
+            params.append(click.Option([f"--{o.name}"], is_flag=True, default=o.default, help=o.help))
+        else:
+            params.append(click.Option([f"--{o.name}"], type=o.type, default=o.default,
+                                       show_default=o.default is not None, help=o.help))
     return click.Command(name, callback=callback, params=params,
                          help=f"Export {recipe.doc}: every component, format and precision the target "
                               f"asks for, each scored against fp32 and gated.",
@@ -243,8 +246,38 @@ def _print_report(out: Path) -> None:
     click.echo(f"\nArtifacts, manifest.json, parity.json and report.md in {out}")
 
 
+@main.group("synth")
+def synth_group():
+    """Generate audio or text through a checkpoint's fp32 modules or a build's exported graphs."""
+
+
+def _synth_command(name: str, module_path: str) -> click.Command:
+    import importlib
+
+    module = importlib.import_module(module_path)
+
+    def callback(as_json, debug, **kw):
+        try:
+            with _native_stdout_to_stderr():
+                summary = module.run(**kw)
+        except UsageError as e:
+            _fail(str(e), debug)
+        if as_json:
+            click.echo(json.dumps(summary, indent=2))
+        else:
+            for k, v in summary.items():
+                if v is not None:
+                    click.echo(f"{k:11s} {v}")
+
+    params = module.options() + [click.Option(["--debug"], is_flag=True, help="show tracebacks")]
+    return click.Command(name, callback=callback, params=params, help=module.HELP,
+                         context_settings={"max_content_width": 100})
+
+
 for _name in REGISTRY:
     main.add_command(_recipe_command(_name))
+    if get_recipe(_name).synth:
+        synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -66,6 +66,7 @@ class TensorSpec:
     shape: tuple  # ints, or symbols (str) a recipe resolves from the checkpoint and options
     dtype: str    # numpy dtype name: float32, int32, ...
     doc: str = ""
+    repeat: str | None = None   # per-layer tensors: name has "{i}", expanded over range(sizes[repeat])
 
     def resolve(self, sizes: Mapping[str, int]) -> "TensorSpec":
         dims = []
@@ -77,6 +78,26 @@ class TensorSpec:
 
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "doc": self.doc}
+
+
+def resolve_specs(specs: tuple[TensorSpec, ...], sizes: Mapping[str, int]) -> tuple[TensorSpec, ...]:
+    """Resolve symbolic shapes; expand runs of specs repeated over the same symbol interleaved
+    (past_key_0, past_value_0, past_key_1, ...), the order graphs take per-layer caches in."""
+    out, i = [], 0
+    while i < len(specs):
+        s = specs[i]
+        if s.repeat is None:
+            out.append(s.resolve(sizes))
+            i += 1
+            continue
+        group = [s]
+        while i + len(group) < len(specs) and specs[i + len(group)].repeat == s.repeat:
+            group.append(specs[i + len(group)])
+        for n in range(int(sizes[s.repeat])):
+            for g in group:
+                out.append(TensorSpec(g.name.format(i=n), g.shape, g.dtype, g.doc).resolve(sizes))
+        i += len(group)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,10 @@ class Component:
     gated_outputs: tuple[str, ...] = ()
     # The part of the model this graph needs (checked when the checkpoint loads).
     requires: tuple[str, ...] = ()
+    # Outputs that are logits: scored with top-1 agreement too.
+    logits: tuple[str, ...] = ()
+    # Integer outputs (codes, ids) are gated on the fraction of elements equal to fp32's.
+    agreement_min: float = 1.0
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])
@@ -113,6 +138,9 @@ class Recipe:
     components: tuple[Component, ...]
     loader: str                              # "package.module:function"
     tiny: str = ""                           # "module:function(dir) -> dir": a tiny seeded checkpoint
+    # "module:function(model, out, manifest, runners, progress) -> rows": whole-pipeline parity
+    end_to_end: str = ""
+    synth: str = ""                          # module with HELP, options() and run(**kw): `omni-export synth`
     options: tuple[RecipeOption, ...] = ()
     version: str = "1"                       # bump when graphs change (part of build cache keys)
 
@@ -184,17 +212,20 @@ class BuildSpec:
 @dataclass(frozen=True)
 class OutputScore:
     name: str
-    snr_db: float
-    psnr_db: float
+    snr_db: float | None          # None for integer outputs (ids, codes): scored by agreement
+    psnr_db: float | None
     max_abs_err: float
     finite: bool = True
-    top1: float | None = None
+    top1: float | None = None     # logits: fraction of positions whose argmax agrees
+    agreement: float | None = None  # integer outputs: fraction of elements equal
 
     def to_json(self) -> dict:
         d = {"name": self.name, "snr_db": _round(self.snr_db), "psnr_db": _round(self.psnr_db),
              "max_abs_err": float(f"{self.max_abs_err:.6g}"), "finite": self.finite}
         if self.top1 is not None:
             d["top1"] = round(self.top1, 6)
+        if self.agreement is not None:
+            d["agreement"] = round(self.agreement, 6)
         return d
 
 
@@ -211,11 +242,13 @@ class Verdict:
 
     @property
     def min_snr_db(self) -> float | None:
-        vals = [s.snr_db for s in self.scores]
+        vals = [s.snr_db for s in self.scores if s.snr_db is not None]
         return min(vals) if vals else None
 
 
-def _round(x: float) -> float | str:
+def _round(x: float | None) -> float | str | None:
+    if x is None:
+        return None
     if x != x:
         return "nan"
     if x in (float("inf"), float("-inf")):

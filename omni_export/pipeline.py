@@ -34,6 +34,7 @@ class RunOptions:
     force: bool = False
     jobs: int = 2
     gates: dict = field(default_factory=dict)      # Precision -> dB, overrides the recipe's gates
+    e2e: tuple[str, ...] | None = None             # runner kinds for end-to-end parity; None: the target's
 
 
 @dataclass
@@ -62,10 +63,14 @@ class Result:
 
 # --------------------------------------------------------------------------------------------- plan
 
-def plan(opts: RunOptions) -> Plan:
-    comps = opts.components or tuple(c.name for c in opts.recipe.components)
+def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
+    """Builds for the requested (or all available) components x precisions x formats."""
+    comps = opts.components or tuple(c.name for c in opts.recipe.components
+                                     if available is None or c.name in available)
     for c in comps:
         opts.recipe.component(c)
+        if available is not None and c not in available:
+            raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}")
     precisions = opts.precisions or opts.target.default_precisions
     formats = opts.formats or opts.target.formats
     for f in formats:
@@ -91,13 +96,14 @@ def plan(opts: RunOptions) -> Plan:
 
 def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     progress = progress or Progress()
-    the_plan = plan(opts)
+    plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
     store.begin(opts.recipe.name, opts.target.name, opts.force)
     started = time.time()
     loader = load_callable(opts.recipe.loader)
     with progress.stage("load checkpoint"):
         model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
+    the_plan = plan(opts, model.components() if hasattr(model, "components") else None)
     entries: list[dict] = []
     components: dict[str, dict] = {}
     by_comp: dict[str, list[BuildSpec]] = {}
@@ -107,14 +113,32 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
         components[comp_name] = _run_component(opts, model, comp_name, builds, store, entries, progress)
         gc.collect()
     manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
+    manifest["end_to_end"] = _end_to_end(opts, model, manifest, progress)
+    manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
+    manifest["timings"]["total_s"] = round(time.time() - started, 3)
     from .parity import report
 
     store.write_json("parity.json", report.parity_json(manifest))
     store.write_text("report.md", report.markdown(manifest))
     store.write_json("manifest.json", manifest)
     store.finish()
-    missing = [c for c, info in components.items() if not info["accepted"]]
-    return Result(manifest, 3 if missing else 0, opts.out)
+    failed = manifest["summary"]["components_without_accepted_build"] or manifest["summary"]["end_to_end_failed"]
+    return Result(manifest, 3 if failed else 0, opts.out)
+
+
+def _end_to_end(opts: RunOptions, model, manifest: dict, progress: Progress) -> list[dict]:
+    """Whole-pipeline parity through the built graphs, when the recipe defines it."""
+    if not opts.recipe.end_to_end or opts.e2e == ():
+        return []
+    kinds = opts.e2e or (("htp",) if opts.target.has_htp else ("ort",))
+    fmt = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
+    order = [p.value for p in Precision]
+    runners = {}
+    for k in kinds:
+        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k]}, key=order.index)
+        if precs:
+            runners[k] = tuple(precs)
+    return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
 
 
 def _rewrites(opts: RunOptions) -> tuple[str, ...]:
@@ -238,7 +262,7 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         store.commit(p.built.files, accepted=False)
         return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())
     scores = score_outputs(traced.output_names, traced.reference, outputs, traced.logits)
-    verdict = judge(scores, p.threshold, component.gated_outputs)
+    verdict = judge(scores, p.threshold, component.gated_outputs, agreement_min=component.agreement_min)
     records = store.commit(p.built.files, verdict.accepted)
     entry.update({
         "status": verdict.status,
@@ -368,11 +392,14 @@ def _manifest(opts, model, the_plan: Plan, entries, components, seconds: float) 
     }
 
 
-def _summary(entries: list[dict], components: dict) -> dict:
+def _summary(entries: list[dict], components: dict, e2e: list[dict] = ()) -> dict:
+    ran = [r for r in e2e if r["verdict"] != "skipped"]
     return {
         "accepted": sum(e["status"] == "accepted" for e in entries),
         "rejected": sum(e["status"] == "rejected" for e in entries),
         "components_without_accepted_build": sorted(c for c, i in components.items() if not i["accepted"]),
+        # the pipeline ran end to end on some runner and never stayed within its gate
+        "end_to_end_failed": bool(ran) and not any(r["verdict"] == "accepted" for r in ran),
     }
 
 

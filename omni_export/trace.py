@@ -55,7 +55,8 @@ class Traced:
         with torch.no_grad():
             out = (module or self.module)(*self.args(sample))
         out = out if isinstance(out, tuple) else (out,)
-        return {n: o.detach().float().numpy() for n, o in zip(self.output_names, out)}
+        return {n: (o.detach().float() if o.is_floating_point() else o.detach()).numpy()
+                for n, o in zip(self.output_names, out)}
 
 
 def check_inputs(specs: tuple[TensorSpec, ...], samples: list[dict], what: str) -> None:

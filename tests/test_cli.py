@@ -26,7 +26,8 @@ def test_list_names_recipes_components_targets_precisions_formats():
     (["--target", "pixel9"], "unknown target 'pixel9'; valid: s25-htp, s24-htp, cpu"),
     (["--precision", "int4"], "unknown precision 'int4'; valid: fp32, fp16, w8a16, w8a8"),
     (["--formats", "tflite"], "unknown format 'tflite'; valid: onnx, dlc, ctx, pte"),
-    (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: code2wav"),
+    (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: text_projection, "
+                                  "talker_prefill, talker_decode"),
     (["--gate", "fp16"], "--gate expects PRECISION=DB"),
     (["--rewrites", "magic"], "unknown rewrite 'magic'"),
     (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc"),

@@ -93,7 +93,8 @@ def test_real_geometry_config_and_tensor_table():
 
 def test_our_tensor_names_are_exactly_upstreams():
     """The decoder.* names upstream's save_pretrained wrote are the ones our table declares."""
-    saved = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "speech_tokenizer_tensors.json").read_text())
+    saved = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "tensors.json").read_text())[
+        "speech_tokenizer/model.safetensors"]
     cfg = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "speech_tokenizer" / "config.json").read_text())
     c = ck.Code2WavConfig.from_dict(cfg["decoder_config"], "golden")
     ours = {"decoder." + k: list(v.shape) for k, v in ck.code2wav_tensors(c).items()}

@@ -161,17 +161,22 @@ def test_exit_code_3_when_a_component_has_no_accepted_build(tmp_path, clean):
 
 
 def test_a_checkpoint_saved_by_upstream_works_unchanged(tmp_path):
-    """Configs as upstream's save_pretrained wrote them (tests/golden), weights from the seed they were made with."""
+    """Configs as upstream's save_pretrained wrote them (tests/golden), weights from the seed they
+    were made with (upstream loaded them strictly and saved them back unchanged: meta.json)."""
     import shutil
 
     src = ck.write_checkpoint(tmp_path / "weights", seed=11)
     up = tmp_path / "upstream"
-    shutil.copytree(GOLDEN / "qwen3_tts" / "upstream_saved", up, ignore=shutil.ignore_patterns("*_tensors.json"))
-    shutil.copy(src / "speech_tokenizer" / "model.safetensors", up / "speech_tokenizer" / "model.safetensors")
+    shutil.copytree(GOLDEN / "qwen3_tts" / "upstream_saved", up, ignore=shutil.ignore_patterns("tensors.json"))
+    for rel in ("model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json", "merges.txt",
+                "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(src / rel, up / rel)
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--checkpoint", str(up), "--out", str(tmp_path / "o"),
-                   "--formats", "onnx,ctx", "--precision", "fp16", "--no-attribution", "--json", "-q", *FAST)
+                   "--formats", "onnx", "--precision", "fp16", "--components", "talker_decode,code2wav",
+                   "--no-attribution", "--json", "-q", *FAST)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = read_manifest(tmp_path / "o")
     assert m["checkpoint"]["label"] == "user checkpoint" and not m["checkpoint"]["demo"]
-    meta = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())
-    assert meta["upstream_saved"]["omni_export_run"]["exit_code"] == 0
+    meta = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())["upstream_saved"]
+    assert meta["talker_tensors_equal_ours"] and meta["decoder_tensors_equal_ours"]
+    assert meta["omni_export_run"]["exit_code"] == 0

@@ -25,10 +25,49 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
                         if isinstance(t, torch.Tensor))
     path.parent.mkdir(parents=True, exist_ok=True)
     _quiet_exporter()
-    torch.onnx.export(program, (), str(path), input_names=list(input_names),
-                      output_names=list(output_names), opset_version=OPSET, dynamo=True,
-                      external_data=weight_bytes > _EXTERNAL_DATA_BYTES, verbose=False)
+    big = weight_bytes > _EXTERNAL_DATA_BYTES
+    onnx_program = torch.onnx.export(program, (), None, opset_version=OPSET, dynamo=True, verbose=False)
+    model = onnx_program.model_proto if not big else None
+    if model is None:                        # large: save with external data, then rename in place
+        onnx_program.save(str(path), external_data=True)
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    name_io(model, input_names, output_names)
+    if big:
+        import onnx
+
+        onnx.save(model, str(path))
+    else:
+        _save(model, path)
     return path
+
+
+def name_io(model, input_names: Sequence[str], output_names: Sequence[str]) -> None:
+    """Give the graph's inputs and outputs our names, renaming any internal value that already
+    carries one of them (the exporter names values after ops, e.g. an `embedding` op)."""
+    g = model.graph
+    wanted = {v.name: new for v, new in zip(g.input, input_names)}
+    wanted.update({v.name: new for v, new in zip(g.output, output_names)})
+    taken = set(wanted.values())
+    renames = {}
+    for node in g.node:
+        for out in node.output:
+            if out in taken and out not in wanted:
+                renames[out] = f"{out}__internal"
+    renames.update(wanted)
+    if len(g.input) != len(input_names) or len(g.output) != len(output_names):
+        raise ValueError(f"graph has {len(g.input)} inputs / {len(g.output)} outputs, expected "
+                         f"{len(input_names)} / {len(output_names)}")
+
+    def r(name):
+        return renames.get(name, name)
+
+    for node in g.node:
+        node.input[:] = [r(n) for n in node.input]
+        node.output[:] = [r(n) for n in node.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = r(v.name)
 
 
 def to_fp16(src: Path, dst: Path) -> Path:

@@ -7,11 +7,22 @@ from ..core import OutputScore, Verdict
 
 
 def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[str] = (),
-          attribution: Sequence[dict] = ()) -> Verdict:
-    """Accept when every gated output (all when `gated` is empty) is finite and >= threshold."""
+          attribution: Sequence[dict] = (), agreement_min: float = 1.0) -> Verdict:
+    """Accept when every gated output (all when `gated` is empty) is finite and >= threshold;
+    integer outputs instead need at least `agreement_min` of their elements equal to fp32's."""
     considered = [s for s in scores if not gated or s.name in gated]
     if not considered:
         return Verdict(False, threshold_db, "no outputs were scored", tuple(scores))
+    for s in considered:
+        if s.agreement is not None and s.agreement < agreement_min:
+            return Verdict(False, threshold_db, f"output '{s.name}' agrees with fp32 on {100 * s.agreement:.1f}% "
+                                                f"< {100 * agreement_min:.0f}% of elements", tuple(scores))
+    ints = [s for s in considered if s.agreement is not None]
+    considered = [s for s in considered if s.agreement is None]
+    if not considered:
+        worst = min(ints, key=lambda s: s.agreement)
+        return Verdict(True, threshold_db, f"'{worst.name}' agreement {100 * worst.agreement:.1f}% "
+                                           f">= {100 * agreement_min:.0f}%", tuple(scores))
     bad = [s for s in considered if not s.finite]
     if bad:
         where = _worst_block(attribution, nonfinite=True)

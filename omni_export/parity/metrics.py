@@ -29,8 +29,19 @@ class Accumulator:
         self.finite = True
         self.top1_hits = 0
         self.top1_total = 0
+        self.integer = None
+        self.equal = 0
 
     def add(self, ref: np.ndarray, out: np.ndarray) -> None:
+        ref, out = np.asarray(ref), np.asarray(out)
+        if self.integer is None:
+            self.integer = np.issubdtype(ref.dtype, np.integer)
+        if self.integer:
+            if ref.size != np.size(out):
+                raise ValueError(f"output '{self.name}': shape {np.shape(out)} != reference {ref.shape}")
+            self.equal += int((ref.reshape(-1) == np.asarray(out).reshape(-1)).sum())
+            self.count += ref.size
+            return
         ref = np.asarray(ref, dtype=np.float64)
         out = np.asarray(out, dtype=np.float64)
         if ref.shape != out.shape:
@@ -55,6 +66,9 @@ class Accumulator:
             self.top1_total += a.size
 
     def score(self) -> OutputScore:
+        if self.integer:
+            agree = self.equal / self.count if self.count else 0.0
+            return OutputScore(self.name, None, None, 0.0, agreement=agree)
         if not self.finite:
             return OutputScore(self.name, -INF_DB, -INF_DB, math.inf, finite=False,
                                top1=self._top1())

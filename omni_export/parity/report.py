@@ -53,12 +53,18 @@ def markdown(m: dict) -> str:
     ]
     for b in m["builds"]:
         p = b.get("parity") or {}
-        outs = p.get("outputs") or []
+        outs = [o for o in (p.get("outputs") or []) if o.get("snr_db") is not None]
         worst = min(outs, key=lambda o: _num(o["snr_db"])) if outs else {}
+        agree = [o for o in (p.get("outputs") or []) if o.get("agreement") is not None]
+        if agree:
+            worst = dict(worst, agreement=min(o["agreement"] for o in agree))
         runner = (p.get("runner") or {}).get("short", "—")
         verdict = "✅ accepted" if b["status"] == "accepted" else "❌ rejected"
+        snr = _db(worst.get("snr_db"))
+        if worst.get("agreement") is not None:
+            snr += f" ({100 * worst['agreement']:.0f}% codes)"
         lines.append(f"| {b['component']} | {b['format']} | {b['precision']} | {runner} | "
-                     f"{_db(worst.get('snr_db'))} | {_db(worst.get('psnr_db'))} | "
+                     f"{snr} | {_db(worst.get('psnr_db'))} | "
                      f"{_db(p.get('threshold_db'))} | {verdict} |")
     rejected = [b for b in m["builds"] if b["status"] == "rejected"]
     if rejected:
@@ -78,6 +84,14 @@ def markdown(m: dict) -> str:
             lines.append(f"\nRewrite `{r['rewrite']}` on {comp}: {r['ops_replaced']} ops, "
                          f"{r['fp32_snr_db']} dB from the original in fp32 "
                          f"({'applied' if r['applied'] else 'NOT applied: under 100 dB'})")
+    e2e = m.get("end_to_end") or []
+    if e2e:
+        lines += ["", "End to end (held-out prompts, greedy, through the built graphs vs the fp32 pipeline):", "",
+                  "| runner | precision | code agreement | waveform SNR dB | verdict |", "|---|---|---:|---:|---|"]
+        for r in e2e:
+            agree = f"{100 * r['code_agreement']:.1f}%" if r.get("code_agreement") is not None else "—"
+            lines.append(f"| {r['runner']} | {r['precision']} | {agree} | {_db(r.get('wav_snr_db'))} | "
+                         f"{r['verdict']}: {r['reason']} |")
     if m.get("skipped"):
         lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']}@{s['precision']} "
                                                  f"({s['reason']})" for s in m["skipped"])]

@@ -80,7 +80,7 @@ class ExecuTorchRunner(Runner):
 
         args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self.spec.input_names]
         outs = self.method.execute(args)
-        return {n: o.float().numpy() if o.dtype != torch.float32 else o.numpy()
+        return {n: o.float().numpy() if o.is_floating_point() and o.dtype != torch.float32 else o.numpy()
                 for n, o in zip(self.spec.output_names, outs)}
 
     def close(self) -> None:

@@ -87,51 +87,167 @@ def code2wav_goldens(tmp: Path) -> dict:
 
 
 def upstream_saved(tmp: Path, omni_export: str | None) -> dict:
-    """Save a tiny checkpoint with upstream's save_pretrained; keep its configs."""
+    """A whole tiny checkpoint saved by upstream's save_pretrained (talker model + speech tokenizer)."""
+    import shutil
+
     import torch
     from safetensors.torch import load_file
 
     from omni_export.recipes.qwen3_tts import checkpoint as ck
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 
     ours = ck.write_checkpoint(tmp / "ours", seed=11)
-    dec_cfg = json.loads((ours / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
-    # A small Mimi encoder so the upstream-saved file stays tiny (the encoder is not exported).
-    enc_cfg = {"hidden_size": 32, "num_filters": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
-               "num_key_value_heads": 2, "intermediate_size": 32, "codebook_dim": 16, "vector_quantization_hidden_dimension": 16,
-               "head_dim": 16, "upsampling_ratios": [8, 6, 5, 4], "num_quantizers": 32, "sliding_window": 250,
-               "frame_rate": 12.5, "upsample_groups": 32}
-    torch.manual_seed(0)
-    tok_cfg = Qwen3TTSTokenizerV2Config(encoder_config=enc_cfg, decoder_config=dec_cfg)
-    model = Qwen3TTSTokenizerV2Model(tok_cfg).eval()
-    st = load_file(ours / "speech_tokenizer" / "model.safetensors")
-    missing, unexpected = model.load_state_dict(st, strict=False)
-    assert not unexpected, unexpected
-    assert not [m for m in missing if m.startswith("decoder.") and "rotary_emb" not in m], missing
     saved = tmp / "upstream_saved"
-    model.save_pretrained(saved / "speech_tokenizer")
-    (saved / "speech_tokenizer" / "preprocessor_config.json").write_text(
-        json.dumps(ck.PREPROCESSOR_CONFIG, indent=2))
-    Qwen3TTSConfig(tts_model_type="custom_voice", tts_model_size="0b6").save_pretrained(saved)
+    # Talker + predictor: upstream's model class, our seeded weights loaded strictly, then saved.
+    model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig.from_pretrained(ours)).eval()
+    st = load_file(ours / "model.safetensors")
+    missing, unexpected = model.load_state_dict(st, strict=False)
+    assert not unexpected and not [m for m in missing if "rotary" not in m], (missing, unexpected)
+    model.save_pretrained(saved)
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(ours / f, saved / f)
+    # Speech tokenizer: a small Mimi encoder so the saved file stays tiny (the encoder is not exported).
+    dec_cfg = json.loads((ours / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    enc_cfg = {"hidden_size": 32, "num_filters": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "num_key_value_heads": 2, "intermediate_size": 32, "codebook_dim": 16,
+               "vector_quantization_hidden_dimension": 16, "head_dim": 16, "upsampling_ratios": [8, 6, 5, 4],
+               "num_quantizers": 32, "sliding_window": 250, "frame_rate": 12.5, "upsample_groups": 32}
+    torch.manual_seed(0)
+    tok_model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(encoder_config=enc_cfg, decoder_config=dec_cfg)).eval()
+    sst = load_file(ours / "speech_tokenizer" / "model.safetensors")
+    missing, unexpected = tok_model.load_state_dict(sst, strict=False)
+    assert not unexpected and not [m for m in missing if m.startswith("decoder.") and "rotary_emb" not in m], missing
+    tok_model.save_pretrained(saved / "speech_tokenizer")
+    (saved / "speech_tokenizer" / "preprocessor_config.json").write_text(json.dumps(ck.PREPROCESSOR_CONFIG, indent=2))
     keep = OUT / "upstream_saved"
-    (keep / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(keep, ignore_errors=True)
+    (keep / "speech_tokenizer").mkdir(parents=True)
     for rel in ("config.json", "speech_tokenizer/config.json"):
         (keep / rel).write_text((saved / rel).read_text())
-    header = load_file(saved / "speech_tokenizer" / "model.safetensors")
-    names = {k: list(v.shape) for k, v in sorted(header.items())}
-    (keep / "speech_tokenizer_tensors.json").write_text(json.dumps(names, indent=1))
-    record = {"seed": 11, "tensors": len(names),
-              "decoder_tensors_equal_ours": all(torch.equal(header[k], st[k]) for k in st if k.startswith("decoder."))}
+    names = {}
+    for rel in ("model.safetensors", "speech_tokenizer/model.safetensors"):
+        names[rel] = {k: list(v.shape) for k, v in sorted(load_file(saved / rel).items())}
+    (keep / "tensors.json").write_text(json.dumps(names, indent=1))
+    saved_st = load_file(saved / "model.safetensors")
+    record = {"seed": 11, "tensors": {k: len(v) for k, v in names.items()},
+              "talker_tensors_equal_ours": all(torch.equal(saved_st[k], st[k]) for k in st),
+              "decoder_tensors_equal_ours": all(torch.equal(load_file(saved / "speech_tokenizer/model.safetensors")[k], sst[k])
+                                                for k in sst if k.startswith("decoder."))}
     if omni_export:
         out = tmp / "build"
         cmd = [omni_export, "qwen3-tts", "--target", "s25-htp", "--checkpoint", str(saved), "--out", str(out),
-               "--chunk-frames", "2", "--left-context", "2", "--formats", "onnx,ctx", "--json", "-q"]
+               "--chunk-frames", "2", "--left-context", "2", "--formats", "onnx,ctx", "--precision", "fp16",
+               "--no-attribution", "--json", "-q"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         record["omni_export_run"] = {"cmd": " ".join(cmd[1:]), "exit_code": proc.returncode,
                                      "result": json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else proc.stderr[-2000:]}
     return record
+
+
+# Talker + predictor greedy goldens: (name, size, kind, seed, requests)
+TALKER_CASES = [
+    ("talker_cv_tiny", "tiny", "custom_voice", 20, [
+        {"text": "Hello there, friend.", "language": "english", "speaker": "ryan", "non_streaming": True},
+        {"text": "Hello there, friend.", "language": "english", "speaker": "ryan", "non_streaming": False},
+        {"text": "你好", "language": "auto", "speaker": "eric", "non_streaming": True},
+    ]),
+    ("talker_base_tiny17", "tiny-1.7b", "base", 21, [
+        {"text": "Testing one two.", "language": "english", "non_streaming": True},
+        {"text": "Testing one two.", "language": "english", "non_streaming": False},
+    ]),
+    ("talker_vd_tiny", "tiny", "voice_design", 22, [
+        {"text": "A short line.", "language": "auto", "instruct": "A deep calm voice.", "non_streaming": True},
+    ]),
+]
+MAX_NEW_TOKENS = 12
+
+
+def bias_eos(tensors: dict, row: int) -> None:
+    """Make EOS reachable in a random-weight talker: its codec_head row copies another's, scaled."""
+    w = tensors["talker.codec_head.weight"]
+    w[2150] = w[row] * 1.3
+
+
+def talker_goldens(tmp: Path) -> dict:
+    import torch
+    from safetensors.numpy import load_file, save_file
+
+    from omni_export.recipes.qwen3_tts import checkpoint as ck
+    from omni_export.recipes.qwen3_tts.model import reference_voice
+    from omni_export.recipes.qwen3_tts.speaker import log_mel
+    from omni_export.text_tokenizer import load as load_tok
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration, mel_spectrogram
+
+    summary = {}
+    for name, size, kind, seed, requests in TALKER_CASES:
+        d = ck.write_checkpoint(tmp / name, seed=seed, size=size, kind=kind)
+        st = load_file(d / "model.safetensors")
+        cfg = Qwen3TTSConfig.from_pretrained(d)
+        for c in (cfg, cfg.talker_config, cfg.talker_config.code_predictor_config):
+            c._attn_implementation = "eager"
+        model = Qwen3TTSForConditionalGeneration(cfg).eval()
+
+        def load(tensors):
+            missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()},
+                                                        strict=False)
+            assert not unexpected and not [m for m in missing if "rotary" not in m], (missing, unexpected)
+
+        load(st)
+        tok = load_tok(d)
+        # Pass 1: the first request's greedy tokens; make EOS win where its 6th frame's c0 did.
+        first = requests[0]
+        probe = torch.tensor([tok.encode(f"<|im_start|>assistant\n{first['text']}<|im_end|>\n<|im_start|>assistant\n")])
+        with torch.no_grad():
+            pk = dict(input_ids=[probe], languages=[first["language"]], non_streaming_mode=first["non_streaming"],
+                      max_new_tokens=MAX_NEW_TOKENS, do_sample=False, subtalker_dosample=False)
+            if first.get("speaker"):
+                pk["speakers"] = [first["speaker"]]
+            if kind == "base":
+                pk["voice_clone_prompt"] = dict(ref_code=[None], ref_spk_embedding=[torch.zeros(cfg.talker_config.hidden_size)],
+                                                x_vector_only_mode=[True], icl_mode=[False])
+            if first.get("instruct"):
+                pk["instruct_ids"] = [torch.tensor([tok.encode(f"<|im_start|>user\n{first['instruct']}<|im_end|>\n")])]
+            row = int(model.generate(**pk)[0][0][5, 0])
+        bias_eos(st, row)
+        load(st)
+        out = {"eos_row": np.array(row)}
+        spk_emb = None
+        if kind == "base":
+            wav = reference_voice(5)
+            mel = mel_spectrogram(torch.from_numpy(wav)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
+                                  hop_size=256, win_size=1024, fmin=0, fmax=12000).transpose(1, 2)
+            with torch.no_grad():
+                spk_emb = model.speaker_encoder(mel)[0]
+            out["ref_wav_seed"] = np.array(5)
+            out["mel"] = mel[0].numpy()
+            out["ours_mel"] = log_mel(wav)
+            out["spk_embedding"] = spk_emb.numpy()
+        for i, r in enumerate(requests):
+            ids = torch.tensor([tok.encode(f"<|im_start|>assistant\n{r['text']}<|im_end|>\n<|im_start|>assistant\n")])
+            kw = dict(input_ids=[ids], languages=[r["language"]], non_streaming_mode=r["non_streaming"],
+                      max_new_tokens=MAX_NEW_TOKENS, do_sample=False, subtalker_dosample=False, repetition_penalty=1.05)
+            if r.get("speaker"):
+                kw["speakers"] = [r["speaker"]]
+            if r.get("instruct"):
+                ins = torch.tensor([tok.encode(f"<|im_start|>user\n{r['instruct']}<|im_end|>\n")])
+                kw["instruct_ids"] = [ins]
+                out[f"instruct_ids_{i}"] = ins[0].numpy()
+            if spk_emb is not None:
+                kw["voice_clone_prompt"] = dict(ref_code=[None], ref_spk_embedding=[spk_emb], x_vector_only_mode=[True],
+                                                icl_mode=[False])
+            with torch.no_grad():
+                codes, _ = model.generate(**kw)
+            out[f"text_ids_{i}"] = ids[0].numpy()
+            out[f"codes_{i}"] = codes[0].numpy()
+        np.savez_compressed(OUT / f"{name}.npz", **out)
+        summary[name] = {"size": size, "kind": kind, "seed": seed, "requests": requests,
+                         "frames": [int(out[f"codes_{i}"].shape[0]) for i in range(len(requests))],
+                         "max_new_tokens": MAX_NEW_TOKENS, "eos_bias": f"codec_head[2150] = 1.3 * codec_head[{row}]"}
+    return summary
 
 
 def main() -> None:
@@ -152,6 +268,7 @@ def main() -> None:
                          "transformers": transformers.__version__},
             "code2wav": code2wav_goldens(tmp),
             "upstream_saved": upstream_saved(tmp, args.omni_export),
+            "talker": talker_goldens(tmp),
         }
     (OUT / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))

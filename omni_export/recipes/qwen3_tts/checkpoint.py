@@ -301,21 +301,52 @@ def speech_tokenizer_config(c: Code2WavConfig) -> dict:
 
 
 def write_checkpoint(directory: Path, *, code2wav: Code2WavConfig = TINY_CODE2WAV, seed: int = 0,
-                     label: str = "demo, random weights") -> Path:
-    """Write a seeded checkpoint in the official layout. Returns the directory."""
+                     label: str = "demo, random weights", size: str = "tiny",
+                     kind: str = "custom_voice") -> Path:
+    """Write a seeded checkpoint in the official layout (talker, predictor, speaker encoder for
+    Base, tokenizer files, speech tokenizer). Returns the directory."""
     from ...weights import prefixed, seeded_tensors, write_safetensors
+    from . import demo
 
     directory.mkdir(parents=True, exist_ok=True)
-    marker = {DEMO_MARKER: {"seed": seed, "label": label}}
+    marker = {DEMO_MARKER: {"seed": seed, "label": label, "size": size, "kind": kind}}
     st = directory / "speech_tokenizer"
     st.mkdir(exist_ok=True)
     (st / "config.json").write_text(json.dumps({**speech_tokenizer_config(code2wav), **marker}, indent=2))
     tensors = prefixed(seeded_tensors(code2wav_tensors(code2wav), seed), "decoder.")
     write_safetensors(st / "model.safetensors", tensors)
     (st / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
-    root = {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": MODEL_TYPE, **marker}
-    (directory / "config.json").write_text(json.dumps(root, indent=2))
+    demo.write_talker(directory, demo.geometry(size, kind), seed + 1, marker,
+                      real_size=size in ("0.6b", "1.7b"))
     return directory
+
+
+def write_real_shape(directory: Path, size: str, kind: str = "custom_voice", seed: int = 0) -> Path:
+    """Random weights at the published shapes (for measuring export cost, not for listening)."""
+    return write_checkpoint(directory, code2wav=REAL_CODE2WAV, seed=seed, size=size, kind=kind,
+                            label=f"random weights at real {size} shapes")
+
+
+def read_model_config(checkpoint: Path):
+    from .config import parse
+
+    path = checkpoint / "config.json"
+    return parse(read_json(path, "model config"), path)
+
+
+def load_model_tensors(checkpoint: Path, cfg, parts: tuple[str, ...]) -> dict:
+    """Load `model.safetensors` tensors of the given parts: talker, predictor, speaker_encoder."""
+    from .tensors import predictor_tensors, speaker_encoder_tensors, talker_tensors
+
+    table = {}
+    if "talker" in parts:
+        table.update(talker_tensors(cfg))
+    if "predictor" in parts:
+        table.update(predictor_tensors(cfg))
+    if "speaker_encoder" in parts and cfg.speaker_encoder is not None:
+        table.update(speaker_encoder_tensors(cfg.speaker_encoder))
+    refuse_pickles(checkpoint)
+    return load_tensors(checkpoint / "model.safetensors", table)
 
 
 def demo_label(checkpoint: Path) -> str | None:

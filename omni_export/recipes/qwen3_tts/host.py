@@ -65,3 +65,191 @@ def synthetic_codes(frames: int, codebooks: int, codebook_size: int, seed: int,
     for t in range(1, frames):
         out[t] = np.where(keep[t], out[t - 1], out[t])
     return out.astype(np.int32)
+
+
+# ------------------------------------------------------------------------------------ generation
+# The talker / predictor loop of upstream's generate, over graphs called by name (graphs.py).
+
+MASK = -100.0     # additive attention mask (matches the graphs' internal masks)
+
+
+@dataclass
+class GenOptions:
+    greedy: bool = False
+    seed: int = 0
+    max_frames: int = 300
+    temperature: float = 0.9
+    top_k: int = 50
+    repetition_penalty: float = 1.05
+    min_new_tokens: int = 2
+    sub_temperature: float = 0.9
+    sub_top_k: int = 50
+    predictor: str = "frame"          # "frame": one fused graph per frame; "step": prefill + 14 steps
+    prefill_tokens: int = 32
+    context: int = 1024
+
+
+@dataclass
+class Generation:
+    codes: np.ndarray                  # [frames, Q] int64
+    c0_tokens: list                    # every sampled talker token (incl. eos)
+    stopped: str                       # "eos" | "max_frames" | "context"
+    prompt_tokens: int
+
+
+class Talker:
+    """KV cache and position bookkeeping for the static talker graphs."""
+
+    def __init__(self, graphs, layers: int, kv_heads: int, head_dim: int, theta: float, opts: GenOptions):
+        self.graphs, self.opts = graphs, opts
+        c = opts.context
+        self.k = [np.zeros((1, kv_heads, c, head_dim), np.float32) for _ in range(layers)]
+        self.v = [np.zeros((1, kv_heads, c, head_dim), np.float32) for _ in range(layers)]
+        inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)))
+        self.inv = inv.astype(np.float32)
+        self.pos = 0
+
+    def _rope(self, positions: np.ndarray):
+        ang = positions.astype(np.float32)[:, None] * self.inv[None, :]
+        emb = np.concatenate([ang, ang], axis=-1)
+        return np.cos(emb)[None].astype(np.float32), np.sin(emb)[None].astype(np.float32)
+
+    def _past(self) -> dict:
+        d = {}
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            d[f"past_key_{i}"], d[f"past_value_{i}"] = k, v
+        return d
+
+    def run(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feed [n, Ht] rows at the next positions; returns logits [n, V] and hidden [n, Ht]."""
+        n = embeds.shape[0]
+        block = self.opts.prefill_tokens if n > 1 else 1
+        name = "talker_prefill" if n > 1 else "talker_decode"
+        logits, hidden = [], []
+        for start in range(0, n, block):
+            rows = embeds[start:start + block]
+            got = rows.shape[0]
+            if self.pos + got > self.opts.context:
+                raise ContextFull()
+            x = np.zeros((1, block, embeds.shape[1]), np.float32)
+            x[0, :got] = rows
+            cos, sin = self._rope(np.arange(self.pos, self.pos + block))
+            mask = np.full((1, 1, block, self.opts.context + block), MASK, np.float32)
+            mask[..., :self.pos] = 0.0
+            causal = np.triu(np.full((block, block), MASK, np.float32), 1)
+            mask[0, 0, :, self.opts.context:] = causal
+            out = self.graphs(name, {"inputs_embeds": x, "cos": cos, "sin": sin, "attn_mask": mask, **self._past()})
+            for i in range(len(self.k)):
+                self.k[i][:, :, self.pos:self.pos + got] = out[f"new_key_{i}"][:, :, :got]
+                self.v[i][:, :, self.pos:self.pos + got] = out[f"new_value_{i}"][:, :, :got]
+            self.pos += got
+            logits.append(out["logits"][0, :got])
+            hidden.append(out["hidden"][0, :got])
+        return np.concatenate(logits), np.concatenate(hidden)
+
+
+class ContextFull(Exception):
+    pass
+
+
+def gumbel(rng: np.random.Generator, shape) -> np.ndarray:
+    u = rng.random(shape, dtype=np.float64)
+    return (-np.log(-np.log(np.clip(u, 1e-20, 1.0 - 1e-12)))).astype(np.float32)
+
+
+def pick(logits: np.ndarray, noise: np.ndarray | None, top_k: int) -> int:
+    """argmax(top-k(logits) + noise): greedy when noise is None; else a sample of softmax(logits)
+    restricted to the top k (noise = temperature * Gumbel)."""
+    logits = logits.astype(np.float32)
+    if noise is None:
+        return int(np.argmax(logits))
+    kth = np.partition(logits, -top_k)[-top_k]
+    masked = np.where(logits >= kth, logits, logits.min() - 1.0)
+    return int(np.argmax(masked + noise))
+
+
+def talker_logits(logits: np.ndarray, generated: list[int], cfg, opts: GenOptions) -> np.ndarray:
+    """Upstream's processors on the fp32 logits, in its order: repetition penalty (generated c0
+    tokens only), min_new_tokens (eos masked), suppress codes [V - 1024, V) except eos."""
+    x = logits.astype(np.float32).copy()
+    t = cfg.talker
+    if opts.repetition_penalty != 1.0 and generated:
+        ids = np.unique(np.asarray(generated))
+        s = x[ids]
+        x[ids] = np.where(s < 0, s * opts.repetition_penalty, s / opts.repetition_penalty)
+    if len(generated) < opts.min_new_tokens:
+        x[t.codec_eos_token_id] = -np.inf
+    sup = np.arange(t.vocab_size - 1024, t.vocab_size)
+    sup = sup[sup != t.codec_eos_token_id]
+    x[sup] = -np.inf
+    return x
+
+
+def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray, opts: GenOptions,
+                    tables) -> tuple[list[int], np.ndarray]:
+    """Codes c1..c15 and the summed 16-codebook embedding for the next talker input."""
+    h = hidden.reshape(1, 1, -1).astype(np.float32)
+    code0 = np.array([[c0]], np.int32)
+    if opts.predictor == "frame":
+        out = graphs("predictor_frame", {"past_hidden": h, "code0": code0, "noise": noise[None]})
+        return [int(c) for c in out["codes"][0]], out["embedding"].reshape(-1)
+    p = cfg.predictor
+    out = graphs("predictor_prefill", {"past_hidden": h, "code0": code0})
+    past = {}
+    for i in range(p.num_hidden_layers):
+        for kind in ("key", "value"):
+            buf = np.zeros((1, p.num_key_value_heads, 17, p.head_dim), np.float32)
+            buf[:, :, :2] = out[f"new_{kind}_{i}"]
+            past[f"past_{kind}_{i}"] = buf
+    codes = [pick(out["logits"][0], None if opts.greedy else noise[0], opts.sub_top_k)]
+    for s in range(1, p.num_code_groups - 1):
+        out = graphs("predictor_decode", {"code": np.array([[codes[-1]]], np.int32),
+                                          "step": np.array([s], np.int32), **past})
+        for i in range(p.num_hidden_layers):
+            for kind in ("key", "value"):
+                past[f"past_{kind}_{i}"][:, :, s + 1] = out[f"new_{kind}_{i}"][:, :, 0]
+        codes.append(pick(out["logits"][0], None if opts.greedy else noise[s], opts.sub_top_k))
+    return codes, tables.embedding_sum([c0] + codes)
+
+
+def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
+    """Prefill the prompt, then alternate predictor (frame k) and talker decode (token k + 1)."""
+    t = cfg.talker
+    rng = np.random.default_rng(opts.seed)
+    talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
+    logits, hidden = talker.run(prompt.embeds)
+    generated: list[int] = []
+    frames = []
+    stopped = "max_frames"
+
+    def sample(lg) -> int:
+        x = talker_logits(lg, generated, cfg, opts)
+        if opts.greedy:
+            return int(np.argmax(x))
+        noise = gumbel(rng, x.shape) * np.float32(opts.temperature)
+        return pick(np.where(np.isfinite(x), x, -1e30).astype(np.float32), noise, opts.top_k)
+
+    c0, h = sample(logits[-1]), hidden[-1]
+    generated.append(c0)
+    while True:
+        if c0 == t.codec_eos_token_id:
+            stopped = "eos"
+            break
+        if len(frames) >= opts.max_frames:
+            break
+        q1 = cfg.predictor.num_code_groups - 1
+        noise = (np.zeros((q1, cfg.predictor.vocab_size), np.float32) if opts.greedy else
+                 gumbel(rng, (q1, cfg.predictor.vocab_size)) * np.float32(opts.sub_temperature))
+        codes, emb = predictor_frame(graphs, cfg, h, c0, noise, opts, tables)
+        frames.append([c0] + codes)
+        k = len(frames) - 1
+        x = emb + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.pad)
+        try:
+            logits, hidden = talker.run(x[None].astype(np.float32))
+        except ContextFull:
+            stopped = "context"
+            break
+        c0, h = sample(logits[-1]), hidden[-1]
+        generated.append(c0)
+    codes = np.asarray(frames, dtype=np.int64).reshape(-1, cfg.predictor.num_code_groups)
+    return Generation(codes, generated, stopped, prompt.embeds.shape[0])

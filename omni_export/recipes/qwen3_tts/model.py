@@ -1,19 +1,46 @@
-"""Qwen3-TTS loader: checkpoint -> graphs and their real inputs, for the generic pipeline."""
+"""Qwen3-TTS loader: checkpoint -> graphs and their real inputs, for the generic pipeline.
+
+Real inputs come from running the fp32 pipeline itself: the recipe's calibration prompts are
+generated (seeded sampling, half through the fused predictor graph, half through the step graphs)
+and every graph call is captured; the held-out prompts are generated greedily and captured the same
+way, and only ever used for parity. Code2Wav chunks are windows over the generated codes.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from ...core import Graph, Samples, UsageError
+from ...core import Graph, Samples, UsageError, resolve_specs
 from . import checkpoint as ck
-from . import host
+from . import host, prompts
 from .recipe import RECIPE
 
-CALIBRATION_WINDOWS = 16
-SYNTHETIC_SEED_CALIBRATION = 1000
-SYNTHETIC_SEED_HELDOUT = 2000
+CALIBRATION_PER_GRAPH = 16
+HELDOUT_PER_GRAPH = {"talker_decode": 12, "predictor_prefill": 12, "predictor_decode": 12,
+                     "predictor_frame": 12, "code2wav": 2}
+HELDOUT_DEFAULT = 4
+CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
+HELDOUT_FRAMES = 24
+VOICE_DESIGN_INSTRUCTS = ("A calm, low-pitched male voice, speaking slowly.",
+                          "A bright, cheerful young female voice.")
+
+
+@dataclass
+class HostTables:
+    """Embedding tables the host gathers from (fp32 numpy)."""
+    text: np.ndarray             # [text vocab, Tw]
+    codec: np.ndarray            # talker codec table [Vt, Ht]
+    groups: np.ndarray           # predictor tables [Q-1, V, Ht]
+
+    def codec_emb(self, ids) -> np.ndarray:
+        return self.codec[np.asarray(ids, dtype=np.int64)]
+
+    def embedding_sum(self, codes16) -> np.ndarray:
+        rows = [self.codec[codes16[0]]] + [self.groups[g - 1, c] for g, c in enumerate(codes16) if g > 0]
+        return np.stack(rows).sum(axis=0, dtype=np.float32)
 
 
 @dataclass
@@ -21,10 +48,22 @@ class Qwen3TTS:
     path: Path
     demo: str | None
     options: dict
+    cfg: object = None
+    tensors: dict = field(default_factory=dict)
     speech: ck.SpeechTokenizer | None = None
     info: dict = field(default_factory=dict)
+    _samples: dict | None = None
 
     # ---- geometry
+    def sizes(self) -> dict:
+        t, p, c = self.cfg.talker, self.cfg.predictor, self.speech.config
+        return {"Ht": t.hidden_size, "Tw": t.text_hidden_size, "Lt": t.num_hidden_layers,
+                "KVt": t.num_key_value_heads, "HDt": t.head_dim, "Vt": t.vocab_size,
+                "Lp": p.num_hidden_layers, "KVp": p.num_key_value_heads, "HDp": p.head_dim,
+                "V": p.vocab_size, "Q": p.num_code_groups, "P": int(self.options["prefill-tokens"]),
+                "C": int(self.options["context-length"]), "L": self.left, "N": self.chunk,
+                "S": c.samples_per_frame, "F": int(self.options["speaker-frames"])}
+
     @property
     def left(self) -> int:
         return int(self.options["left-context"])
@@ -33,62 +72,215 @@ class Qwen3TTS:
     def chunk(self) -> int:
         return int(self.options["chunk-frames"])
 
-    def sizes(self) -> dict:
-        c = self.speech.config
-        return {"Q": c.num_quantizers, "L": self.left, "N": self.chunk, "S": c.samples_per_frame}
+    def components(self) -> tuple[str, ...]:
+        """Components this checkpoint has (the speaker encoder only in Base checkpoints)."""
+        return tuple(c.name for c in RECIPE.components
+                     if c.name != "speaker_encoder" or self.cfg.speaker_encoder is not None)
+
+    @cached_property
+    def tables(self) -> HostTables:
+        import torch
+
+        q = self.cfg.predictor.num_code_groups
+        return HostTables(
+            self.tensors["talker.model.text_embedding.weight"].numpy(),
+            self.tensors["talker.model.codec_embedding.weight"].numpy(),
+            torch.stack([self.tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"]
+                         for j in range(q - 1)]).numpy())
+
+    @cached_property
+    def _predictor_core(self):
+        from .talker import PredictorCore
+
+        return PredictorCore(self.cfg, self.tensors).eval()
 
     # ---- the pipeline's interface
     def graph(self, component: str) -> Graph:
         comp = RECIPE.component(component)
+        if component not in self.components():
+            raise UsageError(f"this checkpoint has no {component} (tts_model_type {self.cfg.tts_model_type})")
         sizes = self.sizes()
+        return Graph(component, self._module(component).eval(), resolve_specs(comp.inputs, sizes),
+                     resolve_specs(comp.outputs, sizes), comp.logits)
+
+    def _module(self, component: str):
+        from . import talker as tk
+
         if component == "code2wav":
             from .modules import build_code2wav
 
-            module = build_code2wav(self.speech.config, self.speech.tensors, self.left + self.chunk)
-        else:  # pragma: no cover - every declared component is handled above
-            raise UsageError(f"component {component} is not built by this loader")
-        return Graph(component, module, tuple(s.resolve(sizes) for s in comp.inputs),
-                     tuple(s.resolve(sizes) for s in comp.outputs))
+            return build_code2wav(self.speech.config, self.speech.tensors, self.left + self.chunk)
+        if component == "text_projection":
+            return tk.TextProjection(self.tensors)
+        if component in ("talker_prefill", "talker_decode"):
+            return tk.TalkerStep(self.cfg, self.tensors)
+        if component == "predictor_prefill":
+            return tk.PredictorPrefill(self._predictor_core)
+        if component == "predictor_decode":
+            return tk.PredictorDecode(self._predictor_core)
+        if component == "predictor_frame":
+            return tk.PredictorFrame(self._predictor_core, top_k=host.GenOptions().sub_top_k)
+        if component == "speaker_encoder":
+            from .speaker import SpeakerEncoder
+
+            return SpeakerEncoder(self.cfg.speaker_encoder, self.tensors)
+        raise UsageError(f"component {component} is not built by this loader")  # pragma: no cover
 
     def samples(self, component: str, kind: str) -> Samples:
-        if component == "code2wav":
-            return self._code2wav_samples(kind)
-        raise UsageError(f"no {kind} inputs for component {component}")  # pragma: no cover
+        if component == "code2wav" and kind == "calibration" and self.options.get("calibration-codes"):
+            return self._code2wav_user_samples()
+        if self._samples is None:
+            self._samples = self._capture()
+        inputs, source, _ = self._samples[kind].get(component, ([], "", []))
+        return Samples(inputs, source)
 
-    # ---- Code2Wav inputs: chunk windows over code sequences, as the host streams them
-    def _code2wav_samples(self, kind: str) -> Samples:
-        c = self.speech.config
-        spf = c.samples_per_frame
-        if kind == "heldout":
-            # One held-out sequence: its first chunk (no left context: mostly masked) and a chunk
-            # with the full L frames of context. Seeds differ from every calibration seed.
-            codes = host.synthetic_codes(self.left + 2 * self.chunk, c.num_quantizers, c.codebook_size,
-                                         SYNTHETIC_SEED_HELDOUT)
-            wins = list(host.windows(codes, self.left, self.chunk, spf))
-            chosen = [wins[0], next(w for w in wins if w.frame_mask.all())] if len(wins) > 1 else wins
-            return Samples([w.inputs() for w in chosen],
-                           f"synthetic code sequence (seed {SYNTHETIC_SEED_HELDOUT}): first chunk "
-                           f"(no context) and a full-context chunk")
-        seqs, source = self._calibration_sequences()
-        wins = [w for s in seqs for w in host.windows(s, self.left, self.chunk, spf)]
-        if len(wins) > CALIBRATION_WINDOWS:
-            idx = np.linspace(0, len(wins) - 1, CALIBRATION_WINDOWS).round().astype(int)
-            wins = [wins[i] for i in idx]
-        return Samples([w.inputs() for w in wins], source)
+    # ---- real inputs from the fp32 pipeline
+    def gen_options(self, **kw) -> host.GenOptions:
+        return host.GenOptions(prefill_tokens=int(self.options["prefill-tokens"]),
+                               context=int(self.options["context-length"]), **kw)
 
-    def _calibration_sequences(self) -> tuple[list[np.ndarray], str]:
+    def requests(self, which: str) -> list:
+        from .prompt import Request
+
+        tok = self.tokenizer
+        items = prompts.CALIBRATION if which == "calibration" else prompts.HELDOUT
+        speakers = sorted(self.cfg.talker.spk_id)
+        out = []
+        for i, p in enumerate(items):
+            kind = self.cfg.tts_model_type
+            req = Request(text_ids=self.template(p["text"]), language=self._language(p["language"]),
+                          non_streaming=p.get("non_streaming", True), name=p["text"][:40])
+            if kind == "custom_voice" and speakers:
+                req.speaker = speakers[i % len(speakers)]
+            if kind == "voice_design":
+                req.instruct_ids = tok.encode(f"<|im_start|>user\n{VOICE_DESIGN_INSTRUCTS[i % 2]}<|im_end|>\n")
+            out.append(req)
+        return out
+
+    def _language(self, lang: str) -> str:
+        return lang if lang == "auto" or lang in self.cfg.talker.codec_language_id else "auto"
+
+    def template(self, text: str) -> list[int]:
+        from .prompt import template_ids
+
+        return template_ids(self.tokenizer, text)
+
+    @cached_property
+    def tokenizer(self):
+        from ...text_tokenizer import load as load_tokenizer
+
+        return load_tokenizer(self.path)
+
+    def synthesize(self, graphs, req, opts: host.GenOptions, with_audio: bool = True):
+        """Text to codes (and waveform) through `graphs`: eager, or a build's artifacts."""
+        from .prompt import build
+
+        if self.cfg.tts_model_type == "base" and req.speaker_embedding is None:
+            req.speaker_embedding = self.speaker_embedding(graphs, reference_voice(0))
+        pr = build(self.cfg, req, lambda ids: self.text_proj(graphs, ids), self.tables.codec_emb)
+        gen = host.generate(graphs, self.cfg, self.tables, pr, opts)
+        wav = self.decode(graphs, gen.codes) if with_audio and len(gen.codes) else None
+        return gen, wav
+
+    def text_proj(self, graphs, ids: list[int]) -> np.ndarray:
+        p = int(self.options["prefill-tokens"])
+        rows = self.tables.text[np.asarray(ids, dtype=np.int64)]
+        out = []
+        for s in range(0, len(rows), p):
+            x = np.zeros((1, p, rows.shape[1]), np.float32)
+            chunk = rows[s:s + p]
+            x[0, :len(chunk)] = chunk
+            out.append(graphs("text_projection", {"text_embeds": x})["projected"][0, :len(chunk)])
+        return np.concatenate(out) if out else np.zeros((0, self.cfg.talker.hidden_size), np.float32)
+
+    def decode(self, graphs, codes: np.ndarray) -> np.ndarray:
         c = self.speech.config
-        given = self.options.get("calibration-codes")
-        if given:
-            return load_code_sequences(Path(given), c.num_quantizers, c.codebook_size), f"user codes: {given}"
-        frames = self.left + 4 * self.chunk
-        seqs = [host.synthetic_codes(frames, c.num_quantizers, c.codebook_size, SYNTHETIC_SEED_CALIBRATION + i)
-                for i in range(4)]
-        note = ("synthetic code sequences (seeded; demo checkpoint: random weights, any codes are as "
-                "real as any other)" if self.demo else
-                "synthetic code sequences (seeded) -- not speech: pass --calibration-codes with codes "
-                "from real generations for a representative calibration")
-        return seqs, note
+        return host.stream_decode(codes, lambda x: graphs("code2wav", x)["wav"], self.left, self.chunk,
+                                  c.samples_per_frame)
+
+    def speaker_embedding(self, graphs, wav: np.ndarray) -> np.ndarray:
+        from .speaker import fit_frames, log_mel
+
+        mel = fit_frames(log_mel(wav), int(self.options["speaker-frames"]))[None].astype(np.float32)
+        return graphs("speaker_encoder", {"mel": mel})["embedding"].reshape(-1)
+
+    def _capture(self) -> dict:
+        import torch
+
+        # Small graphs run op by op: thread hand-offs cost more than they save (15x slower on a
+        # loaded 2-core machine). Real sizes keep torch's default.
+        threads = torch.get_num_threads()
+        if self.cfg.talker.hidden_size <= 256:
+            torch.set_num_threads(1)
+        try:
+            return self._capture_all()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _capture_all(self) -> dict:
+        from ...artifacts.manifest import hash_arrays
+        from .graphs import Capture, EagerGraphs
+
+        eager = EagerGraphs(self)
+        result = {}
+        for which in ("calibration", "heldout"):
+            cap = Capture(eager)
+            gens = []
+            for i, req in enumerate(self.requests(which)):
+                held = which == "heldout"
+                opts = self.gen_options(greedy=held, seed=1000 + i, predictor="frame" if i % 2 else "step",
+                                        max_frames=HELDOUT_FRAMES if held else CALIBRATION_FRAMES)
+                if self.cfg.tts_model_type == "base":
+                    req.speaker_embedding = self.speaker_embedding(cap, reference_voice(i + (100 if held else 0)))
+                gen, _ = self.synthesize(cap, req, opts, with_audio=False)
+                gens.append(gen.codes)
+            windows = [w.inputs() for codes in gens if len(codes)
+                       for w in host.windows(codes, self.left, self.chunk, self.speech.config.samples_per_frame)]
+            cap.calls["code2wav"] = windows
+            if which == "heldout":      # identical calls (e.g. the special-token rows) are not held out
+                for name, calls in cap.calls.items():
+                    seen = {hash_arrays([c]) for c in result["calibration"].get(name, ([], ""))[2]}
+                    cap.calls[name] = [c for c in calls if hash_arrays([c]) not in seen]
+            src = ("greedy fp32 generations of the recipe's held-out prompts" if which == "heldout" else
+                   "seeded fp32 generations of the recipe's calibration prompts")
+            if which == "heldout":      # Code2Wav: the first chunk (no context) and a full-context one
+                full = [w for w in cap.calls["code2wav"] if w["frame_mask"].all()]
+                cap.calls["code2wav"] = cap.calls["code2wav"][:1] + full[-1:]
+            result[which] = {name: (_spread(calls, HELDOUT_PER_GRAPH.get(name, HELDOUT_DEFAULT) if which == "heldout"
+                                            else CALIBRATION_PER_GRAPH),
+                                    f"{src} ({len(calls)} calls captured)", calls)
+                             for name, calls in cap.calls.items()}
+            if which == "heldout":
+                self.heldout_codes = gens
+        return result
+
+    def _code2wav_user_samples(self) -> Samples:
+        c = self.speech.config
+        given = self.options["calibration-codes"]
+        seqs = load_code_sequences(Path(given), c.num_quantizers, c.codebook_size)
+        wins = [w.inputs() for s in seqs for w in host.windows(s, self.left, self.chunk, c.samples_per_frame)]
+        return Samples(_spread(wins, CALIBRATION_PER_GRAPH), f"user codes: {given}")
+
+
+def _spread(calls: list, limit: int) -> list:
+    """At most `limit` samples spread evenly over the calls (early, middle and late positions)."""
+    if len(calls) <= limit:
+        return list(calls)
+    idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
+    return [calls[i] for i in idx]
+
+
+def reference_voice(seed: int, seconds: float = 3.0, sr: int = 24000) -> np.ndarray:
+    """A synthetic voice-like reference for Base checkpoints when no audio is given: a harmonic
+    series with vibrato and a syllable envelope, plus a little noise (seeded)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    f0 = rng.uniform(100, 240) * (1 + 0.03 * np.sin(2 * np.pi * 5 * t))
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    env = 0.5 * (1 - np.cos(2 * np.pi * rng.uniform(3, 5) * t)).clip(0, 1)
+    wav = 0.3 * voice * env / np.abs(voice).max() + 0.01 * rng.standard_normal(t.shape)
+    return wav.astype(np.float32)
 
 
 def load_code_sequences(path: Path, codebooks: int, codebook_size: int) -> list[np.ndarray]:
@@ -113,23 +305,33 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed."""
     from ...artifacts.store import sha256_file
 
-    if checkpoint is None:
-        checkpoint = ck.write_checkpoint(scratch / "demo-checkpoint")
+    if options.get("random-weights"):
+        size = options.get("size") or "0.6b"
+        if size not in ("0.6b", "1.7b"):
+            raise UsageError(f"--size must be 0.6b or 1.7b, got '{size}'")
+        checkpoint = ck.write_real_shape(scratch / f"random-{size}", size, options.get("variant") or "custom_voice")
+    elif checkpoint is None:
+        checkpoint = ck.write_checkpoint(scratch / "demo-checkpoint", kind=options.get("variant") or "custom_voice")
     checkpoint = Path(checkpoint)
     ck.check_root_config(checkpoint)
     demo = ck.demo_label(checkpoint)
     model = Qwen3TTS(checkpoint, demo, dict(options))
-    model.speech = ck.load_speech_tokenizer(checkpoint)
     if model.left < 0 or model.chunk < 1:
         raise UsageError("--left-context must be >= 0 and --chunk-frames >= 1")
+    model.cfg = ck.read_model_config(checkpoint)
+    model.speech = ck.load_speech_tokenizer(checkpoint)
+    model.tensors = ck.load_model_tensors(checkpoint, model.cfg, ("talker", "predictor", "speaker_encoder"))
     files = sorted(p for p in checkpoint.rglob("*.safetensors"))
     model.info = {
         "path": str(checkpoint.resolve()),
         "label": demo or "user checkpoint",
         "demo": bool(demo),
+        "tts_model_type": model.cfg.tts_model_type,
         "weights": [{"path": str(p.relative_to(checkpoint)), "sha256": sha256_file(p),
                      "bytes": p.stat().st_size} for p in files],
-        "config": {"code2wav": model.speech.config.to_json()},
-        "options": {"left_context": model.left, "chunk_frames": model.chunk},
+        "config": {"code2wav": model.speech.config.to_json(),
+                   "talker_hidden": model.cfg.talker.hidden_size, "predictor_hidden": model.cfg.predictor.hidden_size,
+                   "small_to_mtp_projection": model.cfg.has_projection},
+        "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F")},
     }
     return model

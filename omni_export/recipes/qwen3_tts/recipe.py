@@ -1,36 +1,108 @@
 """Qwen3-TTS 12 Hz: the recipe page. Data only; the loader (model.py) is imported when a run starts.
 
-Symbols in shapes: Q codebooks (16), L left-context frames, N chunk frames, S samples per frame
-(1920 at 24 kHz).
-"""
-from ...core import Component, Precision, Recipe, RecipeOption, TensorSpec
+Shape symbols: Ht talker hidden, Tw text-embedding width, Lt / KVt / HDt talker layers, KV heads,
+head dim; Lp / KVp / HDp the same for the code predictor; V predictor vocab (2048), Vt talker codec
+vocab (3072), Q code groups (16); P prefill tokens, C context slots; L / N Code2Wav left-context and
+chunk frames, S samples per frame (1920); F speaker-encoder mel frames.
 
-CODE2WAV = Component(
-    name="code2wav",
-    doc="speech tokenizer decoder (Code2Wav vocoder), one static streaming chunk: L frames of "
-        "left context + N new frames; the host keeps the last N*S samples",
-    inputs=(
-        TensorSpec("codes", (1, "Q", "L+N"), "int32", "16 codebooks per frame, oldest frame first"),
-        TensorSpec("frame_mask", (1, "L+N"), "float32",
-                   "1 for real frames, 0 for padding (the first chunks have less than L frames of context)"),
-    ),
-    outputs=(TensorSpec("wav", (1, 1, "(L+N)*S"), "float32", "24 kHz waveform in [-1, 1]"),),
-    gates_db={Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0},
-    requires=("speech_tokenizer",),
+Where embedding gathers run, and why: the text embedding table (151936 x 2048, 0.6 GB in bf16) stays
+on the host and only the gathered rows enter `text_projection`, so no NPU graph carries a table
+it reads a few rows of per utterance. The talker's codec table (3072 x Ht) is small and lives both
+on the host (prompt rows) and inside the predictor graphs (code0 and the 15 residual tables), so
+`predictor_frame` returns the summed embedding the next talker step needs in the same call.
+"""
+from ...core import Component, Precision, Recipe, RecipeOption, TensorSpec as T
+
+F32, I32 = "float32", "int32"
+_LM_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
+
+
+def _kv(prefix: str, heads: str, slots: str, hd: str, layers: str, doc: str) -> tuple[T, T]:
+    return (T(f"{prefix}_key_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers),
+            T(f"{prefix}_value_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers))
+
+
+def _talker(name: str, p: str, doc: str) -> Component:
+    return Component(
+        name=name, doc=doc,
+        inputs=(T("inputs_embeds", (1, p, "Ht"), F32, "summed input embeddings (host)"),
+                T("cos", (1, p, "HDt"), F32, "RoPE cos for these positions (host)"),
+                T("sin", (1, p, "HDt"), F32, "RoPE sin"),
+                T("attn_mask", (1, 1, p, f"C+{p}"), F32, "additive mask over [cache slots, new tokens]"),
+                *_kv("past", "KVt", "C", "HDt", "Lt", "cache slot per position; slots >= position are masked")),
+        outputs=(T("logits", (1, p, "Vt"), F32, "codec logits"),
+                 T("hidden", (1, p, "Ht"), F32, "post-norm hidden state (the predictor's input)"),
+                 *_kv("new", "KVt", p, "HDt", "Lt", "the new tokens' K/V only; the host writes them to the cache")),
+        gates_db=_LM_GATES, logits=("logits",), requires=("talker",))
+
+
+COMPONENTS = (
+    Component(
+        name="text_projection", doc="text MLP (fc1 -> SiLU -> fc2) over P gathered text-embedding rows",
+        inputs=(T("text_embeds", (1, "P", "Tw"), F32, "rows of talker.model.text_embedding (host gather)"),),
+        outputs=(T("projected", (1, "P", "Ht"), F32),),
+        gates_db=_LM_GATES, requires=("talker",)),
+    _talker("talker_prefill", "P", "talker over P prompt tokens with a C-slot KV cache"),
+    _talker("talker_decode", 1, "talker, one token per 80 ms frame, C-slot KV cache"),
+    Component(
+        name="predictor_prefill", doc="code predictor on [past_hidden, emb(code0)] -> logits of code 1",
+        inputs=(T("past_hidden", (1, 1, "Ht"), F32), T("code0", (1, 1), I32)),
+        outputs=(T("logits", (1, "V"), F32), *_kv("new", "KVp", 2, "HDp", "Lp", "K/V of positions 0, 1")),
+        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",)),
+    Component(
+        name="predictor_decode", doc="code predictor step s (1..14): code s -> logits of code s+1; 17-slot KV",
+        inputs=(T("code", (1, 1), I32), T("step", (1,), I32, "s in 1..Q-2: selects table s-1 and head s"),
+                *_kv("past", "KVp", 17, "HDp", "Lp", "slots 0..s hold positions 0..s")),
+        outputs=(T("logits", (1, "V"), F32), *_kv("new", "KVp", 1, "HDp", "Lp", "K/V of position s+1")),
+        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",)),
+    Component(
+        name="predictor_frame",
+        doc="fused frame: all 15 predictor steps, top-k + Gumbel-max sampling inside, summed embedding out",
+        inputs=(T("past_hidden", (1, 1, "Ht"), F32), T("code0", (1, 1), I32),
+                T("noise", (1, "Q-1", "V"), F32, "temperature * Gumbel noise per step (zeros: greedy)")),
+        outputs=(T("codes", (1, "Q-1"), I32, "codes 1..15"),
+                 T("embedding", (1, 1, "Ht"), F32, "sum of the 16 codebook embeddings: the next talker input")),
+        # Codes are discrete: gated on agreement with fp32 (a flip changes every later step of the
+        # frame, so the embedding's dB is reported, not gated).
+        gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.9, requires=("predictor",)),
+    Component(
+        name="code2wav",
+        doc="speech tokenizer decoder (Code2Wav vocoder), one static streaming chunk: L frames of "
+            "left context + N new frames; the host keeps the last N*S samples",
+        inputs=(T("codes", (1, "Q", "L+N"), I32, "16 codebooks per frame, oldest frame first"),
+                T("frame_mask", (1, "L+N"), F32,
+                  "1 for real frames, 0 for padding (the first chunks have less than L frames of context)")),
+        outputs=(T("wav", (1, 1, "(L+N)*S"), F32, "24 kHz waveform in [-1, 1]"),),
+        gates_db=_LM_GATES, requires=("speech_tokenizer",)),
+    Component(
+        name="speaker_encoder", doc="ECAPA-TDNN x-vector from F log-mel frames (Base checkpoints)",
+        inputs=(T("mel", (1, "F", 128), F32, "log-mel, 24 kHz, hop 256 (host)"),),
+        outputs=(T("embedding", (1, "Ht"), F32),),
+        gates_db=_LM_GATES, requires=("speaker_encoder",)),
 )
 
 RECIPE = Recipe(
     name="qwen3-tts",
     doc="Qwen3-TTS 12Hz (0.6B / 1.7B; CustomVoice, Base, VoiceDesign)",
-    components=(CODE2WAV,),
+    components=COMPONENTS,
     loader="omni_export.recipes.qwen3_tts.model:load",
     tiny="omni_export.recipes.qwen3_tts.checkpoint:write_checkpoint",
+    end_to_end="omni_export.recipes.qwen3_tts.e2e:run",
+    synth="omni_export.recipes.qwen3_tts.synth",
     options=(
+        RecipeOption("prefill-tokens", int, 32, "talker_prefill: tokens per prefill call (P)"),
+        RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames"),
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s"),
         RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25)"),
+        RecipeOption("speaker-frames", int, 282, "speaker encoder: log-mel frames per graph call (F; 282 = 3 s)"),
         RecipeOption("calibration-codes", str, None,
-                     "Code2Wav: .npy of real code sequences [frames, 16] (or a directory of them) "
-                     "to calibrate on; default: the recipe's own (see the manifest's calibration source)"),
+                     "Code2Wav: .npy of real code sequences [frames, 16] (or a directory of them) to "
+                     "calibrate on instead of the codes the recipe generates from its prompt set"),
+        RecipeOption("random-weights", bool, False,
+                     "ignore --checkpoint; write a seeded checkpoint at the real shapes of --size (measuring only)"),
+        RecipeOption("size", str, "0.6b", "with --random-weights: 0.6b or 1.7b"),
+        RecipeOption("variant", str, "custom_voice",
+                     "with --random-weights or the demo: custom_voice, base or voice_design"),
     ),
-    version="1",
+    version="2",
 )

@@ -1,0 +1,110 @@
+"""Ways to run the Qwen3-TTS graphs by name: fp32 eager modules, or the artifacts of a build on a
+runner (ONNX Runtime, the HTP simulator, ExecuTorch). The host loop only sees `graphs(name, inputs)`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ...core import UsageError
+
+
+class GraphSet(Protocol):
+    def __call__(self, name: str, inputs: dict) -> dict: ...
+
+
+class EagerGraphs:
+    """fp32 torch modules from the loaded checkpoint: the reference every build is scored against."""
+
+    def __init__(self, model):
+        self.model = model
+        self._graphs = {}
+
+    def graph(self, name: str):
+        if name not in self._graphs:
+            self._graphs[name] = self.model.graph(name)
+        return self._graphs[name]
+
+    def __call__(self, name: str, inputs: dict) -> dict:
+        import torch
+
+        g = self.graph(name)
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[s.name])) for s in g.inputs]
+        with torch.no_grad():
+            out = g.module(*args)
+        out = out if isinstance(out, tuple) else (out,)
+        return {s.name: o.detach().numpy() for s, o in zip(g.outputs, out)}
+
+
+RUNNER_FORMATS = {"ort": ("onnx", "ort-cpu"), "htp": ("ctx", "qnn-htp"), "pte": ("pte", "executorch")}
+
+
+class BuildGraphs:
+    """The accepted artifacts of a build directory, run on one runner kind (ort | htp | pte)."""
+
+    def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False):
+        from ...parity.runners import RunnerSpec
+
+        if runner not in RUNNER_FORMATS:
+            raise UsageError(f"unknown runner '{runner}'; valid: {', '.join(RUNNER_FORMATS)}")
+        path = Path(out) / "manifest.json"
+        if not path.exists():
+            raise UsageError(f"{out}: no manifest.json (not an omni-export build directory)")
+        m = json.loads(path.read_text())
+        fmt, kind = RUNNER_FORMATS[runner]
+        precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
+                                                     key=["fp32", "fp16", "w8a16", "w8a8"].index)
+        self.specs, self.precision = {}, {}
+        opts = _runner_options(m, kind)
+        for comp, info in m["components"].items():
+            for prec in precs:
+                b = next((b for b in m["builds"] if b["component"] == comp and b["format"] == fmt and
+                          b["precision"] == prec and (b["status"] == "accepted" or allow_rejected) and b["files"]), None)
+                if b:
+                    self.specs[comp] = RunnerSpec(kind, str(Path(out) / b["files"][0]["path"]),
+                                                  tuple(s["name"] for s in info["inputs"]),
+                                                  tuple(s["name"] for s in info["outputs"]), opts(prec))
+                    self.precision[comp] = prec
+                    break
+        self._runners = {}
+
+    def __call__(self, name: str, inputs: dict) -> dict:
+        from ...parity.runners import open_runner
+
+        if name not in self.specs:
+            raise UsageError(f"the build has no usable '{name}' graph for this runner; build it or choose "
+                             f"another --runner")
+        if name not in self._runners:
+            self._runners[name] = open_runner(self.specs[name])
+        return self._runners[name].run(inputs)
+
+    def close(self) -> None:
+        for r in self._runners.values():
+            r.close()
+        self._runners = {}
+
+
+def _runner_options(m: dict, kind: str):
+    def opts(precision: str) -> dict:
+        if kind != "qnn-htp":
+            return {}
+        from ... import qnn_ep
+
+        t = m["target"]
+        return qnn_ep.provider_options(t["soc_model"], t["htp_arch"], fp16=precision == "fp16")
+    return opts
+
+
+class Capture:
+    """Records the inputs of every call, per graph: the real activations for calibration."""
+
+    def __init__(self, inner: GraphSet):
+        self.inner = inner
+        self.calls: dict[str, list[dict]] = {}
+
+    def __call__(self, name: str, inputs: dict) -> dict:
+        self.calls.setdefault(name, []).append({k: np.array(v, copy=True) for k, v in inputs.items()})
+        return self.inner(name, inputs)

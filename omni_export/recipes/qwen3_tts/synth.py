@@ -1,0 +1,234 @@
+"""`omni-export synth qwen3-tts`: text -> codes -> WAV through the fp32 modules or a build's graphs.
+
+Only click and the standard library are imported at module load (the CLI lists this command
+without importing torch); the work happens in `run`.
+"""
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+
+import click
+
+HELP = """Synthesise speech with a Qwen3-TTS checkpoint, through the fp32 reference modules or through
+the exported graphs of a build (--build OUT --runner ort|htp|pte).
+
+\b
+  omni-export synth qwen3-tts --checkpoint DIR --text "Hello there." --speaker ryan --wav out.wav
+  omni-export synth qwen3-tts --build artifacts/qwen3-tts-s25-htp --runner htp --text "Hi." --wav hi.wav
+  omni-export synth qwen3-tts --checkpoint DIR --text-ids 151644,77091,198,... --greedy --codes-out c.npy
+  omni-export synth qwen3-tts --checkpoint DIR --codes c.npy --wav out.wav        (decode only)
+
+Sampling follows the checkpoint's generation_config.json (upstream's defaults: temperature 0.9,
+top-k 50, repetition penalty 1.05, min 2 tokens, codes 2048..3071 except EOS suppressed);
+--greedy turns sampling off for the talker and the code predictor and keeps the rest.
+"""
+
+
+def _ids(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        from ...core import UsageError
+
+        raise UsageError("--text-ids / --instruct-ids take comma-separated integers") from None
+
+
+def options() -> list:
+    o = click.Option
+    return [
+        o(["--checkpoint", "-c"], type=click.Path(), default=None,
+          help="checkpoint directory; default: the build's checkpoint with --build, else the demo checkpoint"),
+        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
+          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
+        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        o(["--text", "-t"], default=None, help="text to speak (tokenised with the checkpoint's tokenizer)"),
+        o(["--text-ids"], default=None,
+          help="ids of the templated assistant text, exactly what upstream's generate receives (no tokenizer needed)"),
+        o(["--speaker", "-s"], default=None, help="CustomVoice speaker (e.g. ryan, vivian); default: the first"),
+        o(["--language", "-l"], default="auto", show_default=True, help="language or auto"),
+        o(["--instruct"], default=None, help="voice / style instruction (VoiceDesign; CustomVoice 1.7B)"),
+        o(["--instruct-ids"], default=None, help="ids of the templated instruction"),
+        o(["--ref-audio"], type=click.Path(exists=True, dir_okay=False), default=None,
+          help="Base checkpoints: reference voice WAV (x-vector)"),
+        o(["--text-mode"], type=click.Choice(["auto", "streaming", "non-streaming"]), default="auto", show_default=True,
+          help="non-streaming puts all text in the prompt; auto follows upstream (non-streaming for "
+               "CustomVoice / VoiceDesign, streaming for Base)"),
+        o(["--max-frames"], type=int, default=None, help="stop after this many 80 ms frames [default: context]"),
+        o(["--greedy"], is_flag=True, help="no sampling (talker and predictor)"),
+        o(["--seed"], type=int, default=0, show_default=True),
+        o(["--temperature"], type=float, default=None), o(["--top-k"], type=int, default=None),
+        o(["--repetition-penalty"], type=float, default=None),
+        o(["--sub-temperature"], type=float, default=None, help="code predictor temperature"),
+        o(["--sub-top-k"], type=int, default=None, help="code predictor top-k"),
+        o(["--predictor"], type=click.Choice(["frame", "step"]), default="frame", show_default=True,
+          help="fused frame graph (1 call per frame) or the step graphs (15 calls)"),
+        o(["--codes"], type=click.Path(exists=True, dir_okay=False), default=None,
+          help="decode these codes [frames, 16] (.npy) instead of generating"),
+        o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [frames, 16] (.npy)"),
+        o(["--wav"], type=click.Path(), default=None, help="write 24 kHz 16-bit WAV here"),
+        o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
+    ]
+
+
+def run(**kw) -> dict:
+    """Returns a summary; raises UsageError for bad input."""
+    import tempfile
+
+    from . import model as M
+
+    build = Path(kw["build"]) if kw.get("build") else None
+    opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
+    with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+
+
+def _run(model, build, kw) -> dict:
+    import numpy as np
+
+    from .graphs import BuildGraphs, EagerGraphs
+
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    try:
+        if kw.get("codes"):
+            codes = _read_codes(Path(kw["codes"]), model)
+            gen = None
+        else:
+            req = _request(model, graphs, kw)
+            gen_kw = _gen_kwargs(model, kw)
+            gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False)
+            codes = gen.codes
+        wav = model.decode(graphs, codes) if len(codes) else np.zeros(0, np.float32)
+    finally:
+        if build:
+            graphs.close()
+    if kw.get("codes_out"):
+        np.save(kw["codes_out"], codes.astype(np.int64))
+    if kw.get("wav"):
+        write_wav(Path(kw["wav"]), wav, model.speech.sample_rate)
+    where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
+    return {"frames": int(len(codes)), "seconds": round(len(wav) / model.speech.sample_rate, 3),
+            "stopped": gen.stopped if gen else "decoded given codes", "graphs": where,
+            "checkpoint": str(model.path), "label": model.info["label"],
+            "codes_out": kw.get("codes_out"), "wav": kw.get("wav")}
+
+
+def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
+    from ...recipes import get_recipe
+
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    if build is None:
+        return opts, checkpoint
+    from ...core import UsageError
+
+    path = build / "manifest.json"
+    if not path.exists():
+        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
+    m = json.loads(path.read_text())
+    if m.get("recipe", {}).get("name") != "qwen3-tts":
+        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not qwen3-tts")
+    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
+    opts["random-weights"] = False
+    return opts, checkpoint or m["checkpoint"]["path"]
+
+
+def _request(model, graphs, kw):
+    import numpy as np
+
+    from ...core import UsageError
+    from .prompt import Request
+
+    ids = _ids(kw.get("text_ids"))
+    if ids is None:
+        if not kw.get("text"):
+            raise UsageError("give --text, --text-ids or --codes")
+        ids = model.template(kw["text"])
+    ins = _ids(kw.get("instruct_ids"))
+    if ins is None and kw.get("instruct"):
+        ins = model.tokenizer.encode(f"<|im_start|>user\n{kw['instruct']}<|im_end|>\n")
+    cfg = model.cfg
+    if ins and cfg.tts_model_type == "custom_voice" and "0b6" in cfg.tts_model_size:
+        ins = None   # upstream's wrapper drops instructions for the 0.6B CustomVoice model
+    speaker = kw.get("speaker")
+    if cfg.tts_model_type == "custom_voice" and not speaker:
+        speaker = sorted(cfg.talker.spk_id)[0]
+    mode = kw.get("text_mode") or "auto"
+    non_streaming = cfg.tts_model_type != "base" if mode == "auto" else mode == "non-streaming"
+    req = Request(text_ids=ids, speaker=speaker, language=kw.get("language") or "auto", instruct_ids=ins,
+                  non_streaming=non_streaming)
+    if cfg.tts_model_type == "base":
+        from .model import reference_voice
+
+        wav = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate) if kw.get("ref_audio") else reference_voice(0)
+        req.speaker_embedding = model.speaker_embedding(graphs, wav)
+    elif kw.get("ref_audio"):
+        raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
+    return req
+
+
+def _gen_kwargs(model, kw) -> dict:
+    gc = {}
+    p = model.path / "generation_config.json"
+    if p.exists():
+        try:
+            gc = json.loads(p.read_text())
+        except ValueError:
+            gc = {}
+    pick = lambda k, key, default: kw[k] if kw.get(k) is not None else gc.get(key, default)  # noqa: E731
+    max_frames = kw.get("max_frames") or min(int(gc.get("max_new_tokens", 8192)) - 1, int(model.options["context-length"]))
+    return {"greedy": bool(kw.get("greedy")) or not gc.get("do_sample", True), "seed": kw.get("seed") or 0,
+            "max_frames": max_frames, "temperature": pick("temperature", "temperature", 0.9),
+            "top_k": pick("top_k", "top_k", 50), "repetition_penalty": pick("repetition_penalty", "repetition_penalty", 1.05),
+            "sub_temperature": pick("sub_temperature", "subtalker_temperature", 0.9),
+            "sub_top_k": pick("sub_top_k", "subtalker_top_k", 50), "predictor": kw.get("predictor") or "frame"}
+
+
+def _read_codes(path: Path, model):
+    import numpy as np
+
+    from .model import load_code_sequences
+
+    c = model.speech.config
+    return load_code_sequences(path, c.num_quantizers, c.codebook_size)[0].astype(np.int64)
+
+
+def write_wav(path: Path, wav, sr: int) -> None:
+    import numpy as np
+
+    pcm = (np.clip(np.asarray(wav, np.float32), -1, 1) * 32767).round().astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sr)
+        w.writeframes(pcm.tobytes())
+
+
+def read_wav(path: Path, sr: int):
+    """Mono float32 at `sr` from a PCM WAV (16/32-bit int); channels averaged, resampled if needed."""
+    import numpy as np
+
+    from ...core import UsageError
+
+    try:
+        with wave.open(str(path), "rb") as w:
+            ch, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
+            raw = w.readframes(n)
+    except (wave.Error, EOFError, OSError) as e:
+        raise UsageError(f"--ref-audio {path}: not a PCM WAV file ({e})") from None
+    if width not in (2, 4):
+        raise UsageError(f"--ref-audio {path}: {8 * width}-bit samples; use 16- or 32-bit PCM")
+    x = np.frombuffer(raw, dtype="<i2" if width == 2 else "<i4").astype(np.float32) / (2 ** (8 * width - 1))
+    x = x.reshape(-1, ch).mean(axis=1)
+    if rate != sr:
+        from math import gcd
+
+        from scipy.signal import resample_poly
+
+        g = gcd(rate, sr)
+        x = resample_poly(x, sr // g, rate // g).astype(np.float32)
+    return x

@@ -1,0 +1,276 @@
+"""Export-friendly talker and code-predictor graphs (Qwen3-style decoders with KV caches as I/O).
+
+RoPE: upstream's talker uses interleaved MRoPE, but during TTS its three position rows are always
+identical (built by expanding one row), and MRoPE only *selects* cos/sin values per row, so it is
+exactly 1-D NeoX RoPE (theta from the config, position = token index); the code predictor uses
+plain 1-D RoPE. The host computes cos/sin for the talker; the predictor's 17 positions are a
+constant table inside its graphs.
+
+Graphs (all static shapes; C = context slots, P = prefill tokens, V = 2048 predictor vocab):
+  talker_prefill   embeds [1,P,Ht], cos/sin [1,P,hd], mask [1,1,P,C+P], past K/V [1,kv,C,hd] x layers
+                   -> logits [1,P,3072], hidden [1,P,Ht] (post-norm), new K/V [1,kv,P,hd] x layers
+  talker_decode    the same with P = 1
+  predictor_prefill  past_hidden [1,1,Ht], code0 [1,1] -> logits [1,V], new K/V [1,kv,2,hd]
+  predictor_decode   code [1,1], step [1] (1..14), past K/V [1,kv,17,hd] -> logits [1,V], new K/V [1,kv,1,hd]
+  predictor_frame    past_hidden, code0, noise [1,Q-1,V] -> codes [1,Q-1], embedding [1,1,Ht]
+                     (all Q-1 steps unrolled, top-k + Gumbel-max sampling inside; noise = 0 is greedy)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecoderGeometry, ModelConfig
+
+PREDICTOR_SLOTS = 17
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps))
+
+
+def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [positions, head_dim] exactly as upstream computes them in fp32."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    ang = torch.arange(positions).float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, g: DecoderGeometry):
+        super().__init__()
+        self.h, self.kv, self.hd = g.num_attention_heads, g.num_key_value_heads, g.head_dim
+        self.q_proj = nn.Linear(g.hidden_size, self.h * self.hd, bias=False)
+        self.k_proj = nn.Linear(g.hidden_size, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(g.hidden_size, self.kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.h * self.hd, g.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, g.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, g.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, past_k=None, past_v=None):
+        """x [1,P,H]; cos/sin [1,P,hd]; mask [1,1,P,K] additive over [past slots, new tokens]."""
+        b, p, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, p, self.h, self.hd)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).reshape(b, p, self.kv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).reshape(b, p, self.kv, self.hd).transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+        vals = v if past_v is None else torch.cat([past_v, v], dim=2)
+        if self.kv != self.h:
+            keys = keys.repeat_interleave(self.h // self.kv, dim=1)
+            vals = vals.repeat_interleave(self.h // self.kv, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * (self.hd ** -0.5) + mask
+        out = torch.matmul(torch.softmax(scores, dim=-1), vals)
+        return self.o_proj(out.transpose(1, 2).reshape(b, p, self.h * self.hd)), k, v
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, g: DecoderGeometry):
+        super().__init__()
+        self.self_attn = Attention(g)
+        self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.gate_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(g.intermediate_size, g.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, past_k=None, past_v=None):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
+        x = x + a
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), k, v
+
+
+class Decoder(nn.Module):
+    """Layers + final norm; returns (post-norm hidden, new keys, new values)."""
+
+    def __init__(self, g: DecoderGeometry):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(g) for _ in range(g.num_hidden_layers))
+        self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, past=None):
+        keys, vals = [], []
+        for i, layer in enumerate(self.layers):
+            pk, pv = (past[2 * i], past[2 * i + 1]) if past is not None else (None, None)
+            x, k, v = layer(x, cos, sin, mask, pk, pv)
+            keys.append(k)
+            vals.append(v)
+        return self.norm(x), keys, vals
+
+
+def load_decoder(dec: Decoder, tensors: dict, prefix: str) -> None:
+    """Official names: {prefix}layers.{i}.self_attn.*, .mlp.{gate,up,down}_proj, norms; {prefix}norm."""
+    state = {}
+    for name, _ in dec.named_parameters():
+        official = name.replace("gate_proj", "mlp.gate_proj").replace("up_proj", "mlp.up_proj") \
+                       .replace("down_proj", "mlp.down_proj")
+        state[name] = tensors[prefix + official]
+    dec.load_state_dict(state, strict=True)
+
+
+def _interleave(keys, vals):
+    out = []
+    for k, v in zip(keys, vals):
+        out += [k, v]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ talker
+
+class TextProjection(nn.Module):
+    """talker.text_projection: fc1 -> SiLU -> fc2 (both with bias), text width -> talker width."""
+
+    def __init__(self, tensors: dict):
+        super().__init__()
+        w1, w2 = tensors["talker.text_projection.linear_fc1.weight"], tensors["talker.text_projection.linear_fc2.weight"]
+        self.linear_fc1 = nn.Linear(w1.shape[1], w1.shape[0])
+        self.linear_fc2 = nn.Linear(w2.shape[1], w2.shape[0])
+        self.load_state_dict({k: tensors["talker.text_projection." + k] for k in self.state_dict()})
+
+    def forward(self, text_embeds):
+        return self.linear_fc2(F.silu(self.linear_fc1(text_embeds)))
+
+
+class TalkerStep(nn.Module):
+    """talker_prefill (P tokens) and talker_decode (P = 1): one graph class, two static shapes."""
+
+    def __init__(self, c: ModelConfig, tensors: dict):
+        super().__init__()
+        self.decoder = Decoder(c.talker)
+        load_decoder(self.decoder, tensors, "talker.model.")
+        self.codec_head = nn.Linear(c.talker.hidden_size, c.talker.vocab_size, bias=False)
+        self.codec_head.weight.data.copy_(tensors["talker.codec_head.weight"])
+
+    def forward(self, inputs_embeds, cos, sin, attn_mask, *past):
+        hidden, keys, vals = self.decoder(inputs_embeds, cos, sin, attn_mask, past)
+        return (self.codec_head(hidden), hidden, *_interleave(keys, vals))
+
+
+# --------------------------------------------------------------------------------------- predictor
+
+class PredictorCore(nn.Module):
+    """Weights shared by the three predictor graphs: decoder, projection, tables, heads, RoPE."""
+
+    def __init__(self, c: ModelConfig, tensors: dict):
+        super().__init__()
+        p, q = c.predictor, c.predictor.num_code_groups
+        self.decoder = Decoder(p)
+        load_decoder(self.decoder, tensors, "talker.code_predictor.model.")
+        self.proj = None
+        if c.has_projection:
+            self.proj = nn.Linear(c.talker.hidden_size, p.hidden_size, bias=True)
+            self.proj.weight.data.copy_(tensors["talker.code_predictor.small_to_mtp_projection.weight"])
+            self.proj.bias.data.copy_(tensors["talker.code_predictor.small_to_mtp_projection.bias"])
+        # code0 is embedded with the talker's codec table; group g >= 1 with predictor table g - 1.
+        self.register_buffer("talker_table", tensors["talker.model.codec_embedding.weight"].clone())
+        self.register_buffer("tables", torch.stack(
+            [tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"] for j in range(q - 1)]))
+        self.register_buffer("heads", torch.stack(
+            [tensors[f"talker.code_predictor.lm_head.{j}.weight"] for j in range(q - 1)]))
+        cos, sin = rope_table(PREDICTOR_SLOTS, p.head_dim, p.rope_theta)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+        self.vocab, self.groups = p.vocab_size, q
+
+    def project(self, x):
+        return self.proj(x) if self.proj is not None else x
+
+    def embed(self, group: int, code):
+        """Unprojected embedding of `code` [1,1] (int) for code group `group` (static)."""
+        table = self.talker_table if group == 0 else self.tables[group - 1]
+        return F.embedding(code.long(), table)
+
+
+class PredictorPrefill(nn.Module):
+    def __init__(self, core: PredictorCore):
+        super().__init__()
+        self.core = core
+
+    def forward(self, past_hidden, code0):
+        c = self.core
+        x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
+        mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]])[None, None]
+        hidden, keys, vals = c.decoder(x, c.cos[None, :2], c.sin[None, :2], mask)
+        logits = torch.matmul(hidden[:, 1], c.heads[0].T)
+        return (logits, *_interleave(keys, vals))
+
+
+class PredictorDecode(nn.Module):
+    """One predictor step s in 1..Q-2: code c_s at position s + 1, head s, table s - 1."""
+
+    def __init__(self, core: PredictorCore):
+        super().__init__()
+        self.core = core
+        self.register_buffer("slots", torch.arange(PREDICTOR_SLOTS, dtype=torch.int32))
+
+    def forward(self, code, step, *past):
+        c = self.core
+        table = torch.index_select(c.tables, 0, (step - 1).long()).reshape(c.vocab, -1)
+        x = c.project(F.embedding(code.long(), table))
+        pos = (step + 1).long()
+        cos = torch.index_select(c.cos, 0, pos)[None]
+        sin = torch.index_select(c.sin, 0, pos)[None]
+        valid = (self.slots <= step).float()                        # past slots 0..step
+        mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)])[None, None, None]
+        hidden, keys, vals = c.decoder(x, cos, sin, mask, past)
+        head = torch.index_select(c.heads, 0, step.long()).reshape(c.vocab, -1)
+        return (torch.matmul(hidden[:, 0], head.T), *_interleave(keys, vals))
+
+
+class PredictorFrame(nn.Module):
+    """All Q-1 predictor steps of one frame in one graph, sampling inside.
+
+    Sampling is Gumbel-max over the top-k logits: argmax(topk_mask(logits) + noise), with noise =
+    temperature * Gumbel(0, 1) drawn by the host (zeros: greedy). That samples softmax(logits / T)
+    restricted to the top k, as upstream's TopK -> Temperature -> multinomial does.
+    """
+
+    def __init__(self, core: PredictorCore, top_k: int = 50):
+        super().__init__()
+        self.core = core
+        self.top_k = top_k
+
+    def _pick(self, logits, noise):
+        kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+        floor = logits.min(dim=-1, keepdim=True).values - 1.0
+        return torch.argmax(torch.where(logits >= kth, logits, floor) + noise, dim=-1, keepdim=True)
+
+    def forward(self, past_hidden, code0, noise):
+        c = self.core
+        x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
+        keys, vals = None, None
+        embs = [c.embed(0, code0)]
+        codes = []
+        for s in range(c.groups - 1):
+            n = x.shape[1] if s == 0 else 1
+            pos0 = 0 if s == 0 else s + 1
+            cos, sin = c.cos[None, pos0:pos0 + n], c.sin[None, pos0:pos0 + n]
+            total = pos0 + n
+            mask = torch.triu(torch.full((total, total), -100.0), diagonal=1)[None, None, pos0:total]
+            past = None if keys is None else _interleave(keys, vals)
+            hidden, k_new, v_new = c.decoder(x, cos, sin, mask, past)
+            keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
+            vals = v_new if vals is None else [torch.cat([a, b], 2) for a, b in zip(vals, v_new)]
+            logits = torch.matmul(hidden[:, -1], c.heads[s].T)
+            code = self._pick(logits, noise[:, s])
+            codes.append(code)
+            e = c.embed(s + 1, code)
+            embs.append(e)
+            x = c.project(e)
+        # One reduction over the 16 rows, as upstream sums them.
+        return torch.cat(codes, dim=1).to(torch.int32), torch.cat(embs, dim=1).sum(dim=1, keepdim=True)

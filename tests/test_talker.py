@@ -1,0 +1,126 @@
+"""Talker + code predictor: our fp32 graphs driven by our host loop against upstream qwen_tts."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GOLDEN
+from omni_export.core import UsageError
+from omni_export.parity.metrics import snr
+from omni_export.recipes import get_recipe
+from omni_export.recipes.qwen3_tts import checkpoint as ck
+from omni_export.recipes.qwen3_tts import model as M
+from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.recipes.qwen3_tts.prompt import Request
+from omni_export.weights import write_safetensors
+
+META = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())["talker"]
+
+
+def _load(tmp_path, name):
+    case = META[name]
+    d = ck.write_checkpoint(tmp_path / name, seed=case["seed"], size=case["size"], kind=case["kind"])
+    g = np.load(GOLDEN / "qwen3_tts" / f"{name}.npz")
+    from safetensors.numpy import load_file
+
+    st = load_file(d / "model.safetensors")
+    st["talker.codec_head.weight"][2150] = st["talker.codec_head.weight"][int(g["eos_row"])] * np.float32(1.3)
+    write_safetensors(d / "model.safetensors", st)
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    return M.load(d, opts, tmp_path), case, g
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("name", sorted(META))
+@pytest.mark.parametrize("predictor", ["frame", "step"])
+def test_greedy_codes_equal_upstream(tmp_path, name, predictor):
+    model, case, g = _load(tmp_path, name)
+    graphs = EagerGraphs(model)
+    for i, r in enumerate(case["requests"]):
+        req = Request(text_ids=g[f"text_ids_{i}"].tolist(), speaker=r.get("speaker"), language=r["language"],
+                      non_streaming=r["non_streaming"],
+                      instruct_ids=g[f"instruct_ids_{i}"].tolist() if f"instruct_ids_{i}" in g else None,
+                      speaker_embedding=g["spk_embedding"] if "spk_embedding" in g else None)
+        opts = model.gen_options(greedy=True, predictor=predictor, max_frames=case["max_new_tokens"] - 1)
+        gen, _ = model.synthesize(graphs, req, opts, with_audio=False)
+        np.testing.assert_array_equal(gen.codes, g[f"codes_{i}"], err_msg=f"{name} request {i} ({r})")
+
+
+def test_eos_and_max_frames_paths_are_both_covered():
+    frames = [f for case in META.values() for f in case["frames"]]
+    assert min(frames) < max(frames) == 11        # some runs stop on EOS, others at max_new_tokens
+
+
+def test_text_ids_come_from_our_tokenizer_like_upstreams(tmp_path):
+    model, case, g = _load(tmp_path, "talker_cv_tiny")
+    assert model.template(case["requests"][0]["text"]) == g["text_ids_0"].tolist()
+
+
+def test_speaker_encoder_and_log_mel_match_upstream(tmp_path):
+    from omni_export.recipes.qwen3_tts.speaker import log_mel
+
+    model, _, g = _load(tmp_path, "talker_base_tiny17")
+    wav = M.reference_voice(int(g["ref_wav_seed"]))
+    ours = log_mel(wav)
+    assert np.abs(ours - g["mel"]).max() < 1e-4
+    emb = EagerGraphs(model)("speaker_encoder", {"mel": g["mel"][None].astype(np.float32)})["embedding"]
+    assert snr(g["spk_embedding"], emb.reshape(-1)) > 100
+
+
+def test_fused_frame_and_step_graphs_sample_the_same_codes(tmp_path):
+    """Same Gumbel noise: the fused graph and the 15 step calls pick identical codes."""
+    model = M.load(None, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    graphs = EagerGraphs(model)
+    req = model.requests("heldout")[0]
+    a, _ = model.synthesize(graphs, req, model.gen_options(seed=5, predictor="frame", max_frames=8), with_audio=False)
+    b, _ = model.synthesize(graphs, req, model.gen_options(seed=5, predictor="step", max_frames=8), with_audio=False)
+    np.testing.assert_array_equal(a.codes, b.codes)
+    c, _ = model.synthesize(graphs, req, model.gen_options(seed=6, predictor="frame", max_frames=8), with_audio=False)
+    assert not np.array_equal(a.codes, c.codes)        # the seed reaches the sampler
+
+
+def test_mrope_collapses_to_1d_rope_in_our_graphs(tmp_path):
+    """Our talker takes host cos/sin; the table equals upstream's MRoPE with identical rows
+    (checked in the goldens above): here, that positions shift RoPE as 1-D rotations do."""
+    from omni_export.recipes.qwen3_tts.host import Talker, GenOptions
+
+    t = Talker(None, 1, 1, 16, 1e6, GenOptions(context=8))
+    cos, sin = t._rope(np.arange(4))
+    assert cos.shape == (1, 4, 16) and np.allclose(cos[0, 0], 1) and np.allclose(sin[0, 0], 0)
+
+
+def test_config_saved_by_upstream_parses(tmp_path):
+    from omni_export.recipes.qwen3_tts.config import parse
+
+    raw = json.loads((GOLDEN / "qwen3_tts" / "upstream_saved" / "config.json").read_text())
+    cfg = parse(raw, tmp_path / "config.json")
+    assert cfg.tts_model_type == "custom_voice" and cfg.talker.num_code_groups == 16
+    assert cfg.talker.spk_id["ryan"] == 3061 and not cfg.has_projection
+
+
+def test_missing_talker_field_is_named(tmp_path):
+    d = ck.write_checkpoint(tmp_path / "c", seed=0)
+    raw = json.loads((d / "config.json").read_text())
+    del raw["talker_config"]["head_dim"]
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UsageError, match="missing 'head_dim'"):
+        ck.read_model_config(d)
+
+
+def test_unknown_speaker_and_language_list_the_valid_ones(tmp_path):
+    from omni_export.recipes.qwen3_tts import prompt
+
+    model = M.load(None, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    ids = model.template("hi")
+    with pytest.raises(UsageError, match="unknown speaker 'bob'; valid: aiden"):
+        prompt.codec_prefix(model.cfg, Request(ids, speaker="bob"))
+    with pytest.raises(UsageError, match="unknown language 'klingon'"):
+        prompt.codec_prefix(model.cfg, Request(ids, language="klingon"))
