@@ -91,6 +91,9 @@ class Component:
     gated_outputs: tuple[str, ...] = ()
     # The part of the model this graph needs (checked when the checkpoint loads).
     requires: tuple[str, ...] = ()
+    # Outputs that are audio, with their sample rate in Hz: the report keeps one held-out clip
+    # per build as a WAV (fp32 and every build) and draws its waveform and spectrogram.
+    audio_outputs: Mapping[str, int] = field(default_factory=dict)
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

@@ -17,6 +17,7 @@ CODE2WAV = Component(
     outputs=(TensorSpec("wav", (1, 1, "(L+N)*S"), "float32", "24 kHz waveform in [-1, 1]"),),
     gates_db={Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0},
     requires=("speech_tokenizer",),
+    audio_outputs={"wav": 24000},
 )
 
 RECIPE = Recipe(
