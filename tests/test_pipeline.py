@@ -16,7 +16,8 @@ SCHEMA = Path(__file__).resolve().parents[1] / "omni_export" / "schemas" / "mani
 def demo_run(tmp_path_factory):
     """The default command on the embedded demo checkpoint (fast streaming geometry)."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), *FAST)
+    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), *FAST,
+                   "--summary-to", str(out.parent / "summary.md"))
     return proc, out
 
 
@@ -196,6 +197,13 @@ def test_demo_summary_fits_one_screen_and_names_each_rejection(demo_run):
     for b in read_manifest(out)["builds"]:
         if b["status"] == "rejected":
             assert f"`code2wav/{b['format']}/{b['precision']}`" in text and b["parity"]["reason"] in text
+
+
+def test_summary_to_appends_the_report_for_the_ci_job_summary(demo_run):
+    _, out = demo_run
+    text = (out.parent / "summary.md").read_text()
+    assert text.strip() == (out / "report.md").read_text().strip()
+    assert (out / "report.html").stat().st_size > 0
 
 
 def test_kept_fp32_clip_is_the_model_output_on_the_last_heldout_input(demo_run):

@@ -125,3 +125,25 @@ def test_help_teaches_examples_and_exit_codes():
     top = run_cli("--help").stdout
     assert all(c in top for c in ("report", "parity", "diff"))
     assert "--summary-to" in run_cli("qwen3-tts", "--help").stdout
+
+
+def test_ci_example_uses_only_flags_the_commands_have():
+    """docs/ci-example.yml: valid YAML, summary appended, report uploaded, every flag real."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "docs" / "ci-example.yml").read_text())
+    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
+    runs = [s["run"].replace("\\\n", " ") for s in steps if "run" in s]
+    calls = [re.search(r"omni-export\s+(\S+)(.*)", r) for r in runs if "omni-export " in r]
+    assert {c.group(1) for c in calls} >= {"qwen3-tts", "parity"}
+    for c in calls:
+        assert '--summary-to "$GITHUB_STEP_SUMMARY"' in c.group(2)
+        help_text = run_cli(c.group(1), "--help").stdout
+        for flag in re.findall(r"(--[a-z][a-z-]+)", c.group(2)):
+            assert flag in help_text, (c.group(1), flag)
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and "report.html" in upload["with"]["path"]
+    assert "samples/" in upload["with"]["path"]
