@@ -202,6 +202,16 @@ def test_html_clip_snr_is_computed_from_the_wavs(html_run):
         assert f"clip SNR {db} dB" in html
 
 
+def test_html_survives_nan_unscored_and_exact_builds(tmp_path):
+    root = write_run(tmp_path / "out", _broken(), audio=True)
+    write_reports(root, json.loads((root / "manifest.json").read_text()))
+    html = (root / "report.html").read_text()
+    assert "lowering failed: RuntimeError: boom" in html and "not scored" in html
+    assert "clip SNR NaN/Inf dB" in html                       # the NaN build's clip, read back from its WAV
+    assert ">∞<" in html                                       # the bit-exact fp32 build
+    assert "No accepted build for" not in html                 # fp32 onnx is accepted
+
+
 def test_optional_sections_are_absent_when_the_manifest_has_none(tmp_path):
     root = write_run(tmp_path / "out", demo_like())
     write_reports(root, json.loads((root / "manifest.json").read_text()))

@@ -45,7 +45,8 @@ def _style():
 def snr_chart(bars: Sequence[dict]) -> str:
     """Horizontal bars of SNR per (build, output), PSNR as a marker, each bar's gate as a dashed tick.
 
-    bars: {"label", "snr_db", "psnr_db", "finite", "threshold_db", "accepted"} (dB may be words)."""
+    bars: {"label", "snr_db", "psnr_db", "finite", "threshold_db", "accepted", "note"} (dB may be
+    words; "note" labels a bar with no finite SNR: "NaN/Inf" or "not scored")."""
     with _style():
         fig = _figure(9.0, 0.9 + 0.42 * len(bars))
         ax = fig.subplots()
@@ -74,7 +75,7 @@ def _cap(values) -> float:
 def _snr_bar(ax, y: float, b: dict, v: float, cap: float) -> None:
     color = ACCEPTED if b["accepted"] else REJECTED
     if math.isnan(v) or v == -math.inf:
-        ax.text(0.5, y, "NaN/Inf: rejected", va="center", color=REJECTED, fontweight="bold")
+        ax.text(0.5, y, f"{b.get('note', 'NaN/Inf')}: rejected", va="center", color=REJECTED, fontweight="bold")
     else:
         width = min(max(v, 0.0), cap)
         ax.barh(y, width, height=0.62, color=color, alpha=0.85)
@@ -201,8 +202,9 @@ def _spectrum_peak(x: np.ndarray, rate: int) -> float:
 
 def _spectrogram(ax, x: np.ndarray, rate: int, vmax: float, title: str) -> None:
     n = _nfft(x.size)
-    ax.specgram(x + 1e-12, NFFT=n, Fs=rate, noverlap=n * 3 // 4, cmap="magma",
-                vmin=vmax - SPECTRUM_RANGE_DB, vmax=vmax)
+    with np.errstate(divide="ignore"):     # silent bins (a zeroed build) are -inf dB: drawn as the floor
+        ax.specgram(x, NFFT=n, Fs=rate, noverlap=n * 3 // 4, cmap="magma", vmin=vmax - SPECTRUM_RANGE_DB,
+                    vmax=vmax)
     ax.set_ylabel("Hz")
     ax.set_title(title, loc="left")
     ax.grid(False)

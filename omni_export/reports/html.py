@@ -48,12 +48,13 @@ def _bars(rows: list[BuildRow]) -> list[dict]:
     bars = []
     for r in rows:
         outs = [o for o in r.outputs if not r.gated or o["name"] in r.gated] or [
-            {"name": "not scored", "snr_db": "nan", "psnr_db": "nan", "finite": False}]
+            {"name": "not scored", "snr_db": "nan", "psnr_db": "nan", "finite": False, "note": "not scored"}]
         for o in outs:
             suffix = f" · {o['name']}" if len(outs) > 1 else ""
             bars.append({"label": f"{r.format} {r.precision} · {r.runner}{suffix}", "snr_db": o["snr_db"],
                          "psnr_db": o["psnr_db"], "finite": o.get("finite", True),
-                         "threshold_db": r.threshold_db, "accepted": r.accepted})
+                         "threshold_db": r.threshold_db, "accepted": r.accepted,
+                         "note": o.get("note", "NaN/Inf")})
     return bars
 
 

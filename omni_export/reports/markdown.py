@@ -68,11 +68,11 @@ def _rejected(rows: list[BuildRow]) -> list[str]:
     if not rejected:
         return []
     lines = ["", "**Rejected** (files under `rejected/`, never deployable):"]
-    return lines + [f"- `{r.key}` ({r.runner}, {_where(r)}): {r.reason}" for r in rejected]
+    return lines + [f"- `{r.key}` ({_where(r)}): {r.reason}" for r in rejected]
 
 
 def _where(r: BuildRow) -> str:
-    return f"`{r.files[0]['path']}`" if r.files else f"`{r.name}` not written"
+    return f"{r.runner}, `{r.files[0]['path']}`" if r.files else "no file written"
 
 
 def _fail_under(regated: dict | None) -> list[str]:
