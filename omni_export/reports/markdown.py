@@ -19,7 +19,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += ["", "| component | format | precision | runner | SNR dB | PSNR dB | gate dB | verdict | size |",
               "|---|---|---|---|---:|---:|---:|---|---:|"]
     lines += [_table_row(r) for r in rows]
-    lines += _rejected(rows)
+    lines += _rejected(rows, regated)
     lines += _fail_under(regated)
     lines += _weakest(m)
     if m.get("skipped"):
@@ -58,16 +58,17 @@ def _regated_note(regated: dict) -> str:
 
 
 def _table_row(r: BuildRow) -> str:
-    verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.regated else "")
+    verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
     return (f"| {r.component} | {r.format} | {r.precision} | {r.runner} | {fmt_db(r.min_snr_db)} | "
             f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")
 
 
-def _rejected(rows: list[BuildRow]) -> list[str]:
+def _rejected(rows: list[BuildRow], regated: dict | None) -> list[str]:
     rejected = [r for r in rows if not r.accepted]
     if not rejected:
         return []
-    lines = ["", "**Rejected** (files under `rejected/`, never deployable):"]
+    where = "files where the build put them" if regated else "files under `rejected/`, never deployable"
+    lines = ["", f"**Rejected** ({where}):"]
     return lines + [f"- `{r.key}` ({_where(r)}): {r.reason}" for r in rejected]
 
 

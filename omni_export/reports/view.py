@@ -5,7 +5,7 @@ Plain values only: the Markdown and HTML renderers format them, the figures draw
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..parity.regate import gated_outputs
 from ..parity.scores import gated, min_snr_db, num
@@ -31,14 +31,14 @@ class BuildRow:
     files: tuple = ()
     samples: tuple = ()
     hub: dict | None = None
-    details: dict = field(default_factory=dict)
 
     @property
     def accepted(self) -> bool:
         return self.verdict == "accepted"
 
     @property
-    def regated(self) -> bool:
+    def verdict_changed(self) -> bool:
+        """True when a re-gating turned the build-time verdict around."""
         return self.verdict != self.built_verdict
 
     @property
@@ -76,7 +76,7 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
         reason=(again or {}).get("reason") or p.get("reason") or b.get("error") or "",
         built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
         bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
-        samples=tuple(b.get("samples", [])), hub=b.get("hub"), details=b.get("details") or {})
+        samples=tuple(b.get("samples", [])), hub=b.get("hub"))
 
 
 def components_without_accepted(m: dict, rows: list[BuildRow]) -> list[str]:
