@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .commands import reports
 from .core import Format, Precision, UsageError
+from .parity.gate import parse_gates
 from .recipes import REGISTRY, get_recipe
 from .targets import FORMAT_PRECISIONS, REWRITE_NAMES, TARGETS, get_target
 
@@ -116,7 +118,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, no_attribution,
-                 rewrites, jobs, gate, quiet, debug, **recipe_opts):
+                 rewrites, jobs, gate, quiet, debug, summary_to, **recipe_opts):
         from .pipeline import RunOptions, run
 
         try:
@@ -134,6 +136,7 @@ def _recipe_command(name: str) -> click.Command:
                 jobs=jobs or default_jobs(), gates=parse_gates(gate))
             with _native_stdout_to_stderr():
                 result = run(opts, _Console(quiet or as_json))
+            reports.append_summary(summary_to, (result.out / "report.md").read_text())
         except UsageError as e:
             _fail(str(e), debug)
         except OSError as e:
@@ -182,6 +185,7 @@ def _recipe_command(name: str) -> click.Command:
                      help="parallel runner processes for scoring [default: min(2, cores)]"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
+        reports.summary_param(),
     ]
     for o in recipe.options:
         if o.type is bool:
@@ -207,21 +211,6 @@ def _rewrites(text: str | None, target) -> tuple[str, ...]:
     return names
 
 
-def parse_gates(text: str | None) -> dict:
-    gates = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        prec, sep, value = item.partition("=")
-        try:
-            gates[Precision.parse(prec)] = float(value)
-        except ValueError:
-            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'") from None
-        if not sep:
-            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'")
-    return gates
-
-
 def default_jobs() -> int:
     import os
 
@@ -243,7 +232,7 @@ def _print_report(out: Path) -> None:
         Console(highlight=False).print(Markdown(text))
     else:
         click.echo(text)
-    click.echo(f"\nArtifacts, manifest.json, parity.json and report.md in {out}")
+    click.echo(f"\nArtifacts, manifest.json, parity.json, report.md and report.html in {out}")
 
 
 @main.group("synth")
@@ -278,6 +267,7 @@ for _name in REGISTRY:
     main.add_command(_recipe_command(_name))
     if get_recipe(_name).synth:
         synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
+reports.register(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -116,6 +116,9 @@ class Component:
     logits: tuple[str, ...] = ()
     # Integer outputs (codes, ids) are gated on the fraction of elements equal to fp32's.
     agreement_min: float = 1.0
+    # Outputs that are audio, with their sample rate in Hz: the report keeps one held-out clip
+    # per build as a WAV (fp32 and every build) and draws its waveform and spectrogram.
+    audio_outputs: Mapping[str, int] = field(default_factory=dict)
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

@@ -116,10 +116,10 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     manifest["end_to_end"] = _end_to_end(opts, model, manifest, progress)
     manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
     manifest["timings"]["total_s"] = round(time.time() - started, 3)
-    from .parity import report
+    from .reports import write_reports
 
-    store.write_json("parity.json", report.parity_json(manifest))
-    store.write_text("report.md", report.markdown(manifest))
+    with progress.stage("write parity.json, report.md, report.html"):
+        write_reports(store.root, manifest)
     store.write_json("manifest.json", manifest)
     store.finish()
     failed = manifest["summary"]["components_without_accepted_build"] or manifest["summary"]["end_to_end_failed"]
@@ -154,6 +154,7 @@ def _recipe_options(opts: RunOptions) -> dict:
 def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: Store,
                    entries: list[dict], progress: Progress) -> dict:
     from .artifacts.manifest import hash_arrays
+    from .artifacts.samples import keep_audio
     from .exporters.lower import Lowering
     from .parity.pool import RunPool
     from .trace import trace
@@ -195,6 +196,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                     "sha256": hash_arrays(traced.heldout)},
         "rewrites": lowering.rewrite_report,
         "attribution": attribution,
+        "gated_outputs": list(component.gated_outputs),
+        "samples": keep_audio(store.root, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
         "timings": timings,
     }
 
@@ -244,6 +247,7 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
 
 
 def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dict:
+    from .artifacts.samples import keep_audio
     from .parity.gate import judge
     from .parity.metrics import score_outputs
     from .parity.runners import open_runner
@@ -269,6 +273,8 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         "files": [r.to_json() for r in records],
         "parity": _parity(verdict, runner),
         "details": p.built.details,
+        "samples": keep_audio(store.root, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
+                              outputs, component.audio_outputs),
         "timings": {"lower_s": round(p.t_lower, 3), "run_wait_s": round(time.time() - p.t_submit, 3)},
     })
     return entry

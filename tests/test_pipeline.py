@@ -14,9 +14,11 @@ SCHEMA = Path(__file__).resolve().parents[1] / "omni_export" / "schemas" / "mani
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The default command on the embedded demo checkpoint (fast streaming geometry)."""
+    """The default command on the embedded demo checkpoint, Code2Wav only (fast streaming geometry);
+    the other components have their own run in test_qwen3_tts_build.py."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), *FAST)
+    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--components", "code2wav", *FAST,
+                   "--summary-to", str(out.parent / "summary.md"))
     return proc, out
 
 
@@ -180,3 +182,96 @@ def test_a_checkpoint_saved_by_upstream_works_unchanged(tmp_path):
     meta = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())["upstream_saved"]
     assert meta["talker_tensors_equal_ours"] and meta["decoder_tensors_equal_ours"]
     assert meta["omni_export_run"]["exit_code"] == 0
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+def test_parity_json_of_the_demo_validates_against_its_schema(demo_run):
+    import jsonschema
+
+    _, out = demo_run
+    schema = json.loads((SCHEMA.parent / "parity.schema.json").read_text())
+    doc = json.loads((out / "parity.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert {b["key"] for b in doc["builds"]} == {f"code2wav/{b[1]}/{b[2]}" for b in builds_by(read_manifest(out))}
+
+
+def test_demo_summary_fits_one_screen_and_names_each_rejection(demo_run):
+    _, out = demo_run
+    text = (out / "report.md").read_text()
+    assert len(text.splitlines()) <= 40
+    for b in read_manifest(out)["builds"]:
+        if b["status"] == "rejected":
+            assert f"`code2wav/{b['format']}/{b['precision']}`" in text and b["parity"]["reason"] in text
+
+
+def test_summary_to_appends_the_report_for_the_ci_job_summary(demo_run):
+    _, out = demo_run
+    text = (out.parent / "summary.md").read_text()
+    assert text.strip() == (out / "report.md").read_text().strip()
+    assert (out / "report.html").stat().st_size > 0
+
+
+def test_kept_fp32_clip_is_the_model_output_on_the_last_heldout_input(demo_run):
+    import numpy as np
+    import torch
+
+    from omni_export.artifacts.samples import read_wav
+    from omni_export.recipes.qwen3_tts.model import load
+
+    _, out = demo_run
+    [rec] = read_manifest(out)["components"]["code2wav"]["samples"]
+    model = load(out / "demo-checkpoint", {"left-context": 2, "chunk-frames": 2, "calibration-codes": None}, out)
+    graph = model.graph("code2wav")
+    heldout = model.samples("code2wav", "heldout").inputs
+    with torch.no_grad():
+        wav = graph.module(*(torch.from_numpy(heldout[-1][s.name]) for s in graph.inputs)).numpy()
+    rate, data = read_wav(out / rec["path"])
+    assert rate == 24000 and rec["heldout_index"] == len(heldout) - 1
+    np.testing.assert_allclose(data[0], wav.reshape(-1), atol=1e-6)
+
+
+def test_every_build_keeps_its_own_clip(demo_run):
+    from omni_export.artifacts.samples import read_wav
+    from omni_export.artifacts.store import sha256_file
+    from omni_export.parity.metrics import snr
+
+    _, out = demo_run
+    m = read_manifest(out)
+    _, ref = read_wav(out / m["components"]["code2wav"]["samples"][0]["path"])
+    clip_snr = {}
+    for b in m["builds"]:
+        [rec] = b["samples"]
+        assert sha256_file(out / rec["path"]) == rec["sha256"]
+        clip_snr[(b["format"], b["precision"])] = snr(ref, read_wav(out / rec["path"])[1])
+    # the clip is the build's output, not a copy of fp32: it carries the build's own error
+    for fmt in ("onnx", "dlc", "ctx", "pte"):
+        assert 35 < clip_snr[(fmt, "fp16")] < 90 and clip_snr[(fmt, "w8a16")] < clip_snr[(fmt, "fp16")] - 8
+
+
+def test_report_html_of_the_demo_renders_in_headless_chromium(demo_run, tmp_path):
+    """tools/screenshot_report.sh on the demo's report.html: charts in green and red, not a blank page."""
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    _, out = demo_run
+    png = tmp_path / "report.png"
+    script = Path(__file__).resolve().parents[1] / "tools" / "screenshot_report.sh"
+    proc = subprocess.run([str(script), str(out / "report.html"), str(png), "1400x3000"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    im = Image.open(png).convert("RGB")
+    assert im.size == (1400, 3000)
+    colors = im.getcolors(maxcolors=1 << 24)
+    assert len(colors) > 1000                                   # antialiased text and figures, not blank
+    white = sum(n for n, c in colors if min(c) > 245)
+    assert white < 0.92 * im.size[0] * im.size[1]
+
+    def near(rgb, tol=8):
+        return sum(n for n, c in colors if all(abs(a - b) <= tol for a, b in zip(c, rgb)))
+
+    assert near((77, 144, 81)) > 2000 and near((207, 72, 72)) > 2000    # accepted and rejected SNR bars

@@ -1,9 +1,26 @@
 """The gate: a score below the threshold, or any NaN/Inf, is a rejection with a reason."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from ..core import OutputScore, Verdict
+from ..core import OutputScore, Precision, UsageError, Verdict
+
+
+def parse_gates(text: str | None) -> dict[Precision, float]:
+    """`fp16=45,w8a16=32` -> {Precision.FP16: 45.0, ...}; a finite number of dB per precision."""
+    gates = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        prec, sep, value = item.partition("=")
+        try:
+            gates[Precision.parse(prec)] = db = float(value)
+        except ValueError:
+            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'") from None
+        if not sep or not math.isfinite(db):
+            raise UsageError(f"--gate expects PRECISION=DB items like fp16=45 (a finite number), got '{item}'")
+    return gates
 
 
 def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[str] = (),

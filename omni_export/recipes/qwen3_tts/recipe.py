@@ -73,7 +73,7 @@ COMPONENTS = (
                 T("frame_mask", (1, "L+N"), F32,
                   "1 for real frames, 0 for padding (the first chunks have less than L frames of context)")),
         outputs=(T("wav", (1, 1, "(L+N)*S"), F32, "24 kHz waveform in [-1, 1]"),),
-        gates_db=_LM_GATES, requires=("speech_tokenizer",)),
+        gates_db=_LM_GATES, requires=("speech_tokenizer",), audio_outputs={"wav": 24000}),
     Component(
         name="speaker_encoder", doc="ECAPA-TDNN x-vector from F log-mel frames (Base checkpoints)",
         inputs=(T("mel", (1, "F", 128), F32, "log-mel, 24 kHz, hop 256 (host)"),),

@@ -1,0 +1,127 @@
+"""report.md: the verdicts in one screen, for $GITHUB_STEP_SUMMARY, a PR comment or a terminal.
+
+Every build is one table row; every rejected build is named with its reason. Plots, audio,
+per-block tables and full provenance live in report.html.
+"""
+from __future__ import annotations
+
+from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
+                   weakest_blocks)
+
+VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected"}
+
+
+def summary(m: dict, regated: dict | None = None) -> str:
+    rows = build_rows(m, regated)
+    lines = [_title(m, rows, regated), "", _provenance(m)]
+    if regated:
+        lines += ["", _regated_note(regated)]
+    lines += ["", "| component | format | precision | runner | SNR dB | PSNR dB | gate dB | verdict | size |",
+              "|---|---|---|---|---:|---:|---:|---|---:|"]
+    lines += [_table_row(r) for r in rows]
+    lines += _rejected(rows, regated)
+    lines += _fail_under(regated)
+    lines += _weakest(m)
+    if m.get("skipped"):
+        lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']} {s['precision']} ({s['reason']})"
+                                                for s in m["skipped"])]
+    accepted = sum(r.accepted for r in rows)
+    lines += ["", f"**{accepted} accepted, {len(rows) - accepted} rejected** in {m['timings']['total_s']:.0f} s. "
+                  "Plots, audio, per-block fidelity and provenance: `report.html`."]
+    return "\n".join(lines) + "\n"
+
+
+def _title(m: dict, rows: list[BuildRow], regated: dict | None) -> str:
+    missing = components_without_accepted(m, rows)
+    below = (regated or {}).get("summary", {}).get("below_fail_under") or []
+    head = f"omni-export · {m['recipe']['name']} → {m['target']['name']}"
+    if missing:
+        return f"## ❌ {head}: no accepted build for {', '.join(missing)} (exit 3)"
+    if below:
+        return f"## ❌ {head}: {len(below)} accepted build(s) under --fail-under {regated['fail_under_db']:g} dB (exit 3)"
+    return f"## ✅ {head}: every component has an accepted build"
+
+
+def _provenance(m: dict) -> str:
+    ck, tc = m["checkpoint"], m["toolchain"]
+    return (f"Checkpoint **{ck['label']}** (`{ck['path']}`) · omni-export `{short_sha(tc.get('omni-export-git'))}` · "
+            f"onnxruntime-qnn {tc.get('onnxruntime-qnn')} (QNN {tc.get('qnn')}) · executorch {tc.get('executorch')} · "
+            f"host {m['host'].get('hostname')} · {m['created']}")
+
+
+def _regated_note(regated: dict) -> str:
+    gates = ", ".join(f"{p}={v:g}" for p, v in regated["gates_db"].items()) or "the build-time gates"
+    changed = regated["summary"]["changed"]
+    return (f"> **Re-gated** by `omni-export parity` against {gates} ({regated['created']}): verdicts below are "
+            f"against these gates; `manifest.json` keeps the build-time verdicts and no file moved. "
+            f"Changed: {', '.join(changed) if changed else 'none'}.")
+
+
+def _table_row(r: BuildRow) -> str:
+    verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
+    return (f"| {r.component} | {r.format} | {r.precision} | {r.runner} | {fmt_db(r.min_snr_db)} | "
+            f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")
+
+
+def _rejected(rows: list[BuildRow], regated: dict | None) -> list[str]:
+    rejected = [r for r in rows if not r.accepted]
+    if not rejected:
+        return []
+    where = "files where the build put them" if regated else "files under `rejected/`, never deployable"
+    lines = ["", f"**Rejected** ({where}):"]
+    return lines + [f"- `{r.key}` ({_where(r)}): {r.reason}" for r in rejected]
+
+
+def _where(r: BuildRow) -> str:
+    return f"{r.runner}, `{r.files[0]['path']}`" if r.files else "no file written"
+
+
+def _fail_under(regated: dict | None) -> list[str]:
+    if not regated or regated.get("fail_under_db") is None:
+        return []
+    below = regated["summary"]["below_fail_under"]
+    floor = regated["fail_under_db"]
+    if not below:
+        return ["", f"`--fail-under {floor:g}`: every accepted build is at or above {floor:g} dB."]
+    return ["", f"**`--fail-under {floor:g}` failed**: accepted builds below {floor:g} dB: "
+                + ", ".join(f"`{k}`" for k in below)]
+
+
+def _weakest(m: dict) -> list[str]:
+    found = weakest_blocks(m)
+    if not found:
+        return []
+    items = [f"{w['component']} {w['precision']} `{w['block']}` "
+             + (f"{fmt_db(w['snr_db'])} dB" if w["snr_db"] is not None else f"failed ({w['note'][:60]})")
+             for w in found]
+    return ["", "Weakest block, each lowered alone and fed fp32 activations: " + " · ".join(items)]
+
+
+# -------------------------------------------------------------------------------------------- diff
+
+ICON = {"accepted": "✅", "rejected": "❌", None: "—"}
+
+
+def diff_summary(result: dict, a: str, b: str) -> str:
+    """The `omni-export diff` table: B against A per build and output, regressions flagged."""
+    n = len(result["regressions"])
+    tol = result["tolerance_db"]
+    head = (f"## ❌ omni-export diff: {n} regression{'s' if n != 1 else ''} (tolerance {tol:g} dB)" if n
+            else f"## ✅ omni-export diff: no regression (tolerance {tol:g} dB)")
+    lines = [head, "", f"A: `{a}` · B: `{b}`"]
+    changes = result["provenance"]
+    if changes:
+        lines += ["", "Also differs: " + "; ".join(f"{c['field']} {_short(c['a'])} → {_short(c['b'])}"
+                                                    for c in changes)]
+    lines += ["", "| build | output | A SNR dB | B SNR dB | Δ dB | A → B | |", "|---|---|---:|---:|---:|---|---|"]
+    for r in result["rows"]:
+        delta = "—" if r["delta_db"] is None else f"{r['delta_db']:+.1f}"
+        flag = ("⚠️ " if r["regression"] else "") + r["flag"]
+        lines.append(f"| {r['key']} | {r['output'] or '—'} | {fmt_db(r['a_db'])} | {fmt_db(r['b_db'])} | {delta} | "
+                     f"{ICON[r['a_verdict']]} → {ICON[r['b_verdict']]} | {flag} |")
+    return "\n".join(lines) + "\n"
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,130 @@
+"""What report.md and report.html show, computed once from the manifest (and a re-gating record).
+
+Plain values only: the Markdown and HTML renderers format them, the figures draw them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..parity.regate import gated_outputs
+from ..parity.scores import gated, min_snr_db, num
+
+
+@dataclass(frozen=True)
+class BuildRow:
+    key: str                  # component/format/precision: a build's identity across runs
+    name: str                 # the artifact stem (shared by the formats of one precision)
+    component: str
+    format: str
+    precision: str
+    runner: str               # short runner name, e.g. "htp-sim fp16"
+    runner_label: str
+    threshold_db: float | None
+    verdict: str              # what the reports show: the re-gated verdict when there is one
+    reason: str
+    built_verdict: str        # the manifest's verdict
+    outputs: tuple = ()
+    gated: tuple = ()
+    min_snr_db: float | None = None
+    bytes: int = 0
+    files: tuple = ()
+    samples: tuple = ()
+    hub: dict | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+    @property
+    def verdict_changed(self) -> bool:
+        """True when a re-gating turned the build-time verdict around."""
+        return self.verdict != self.built_verdict
+
+    @property
+    def worst(self) -> dict:
+        """The gated output with the lowest SNR (non-finite first); {} when nothing was scored."""
+        outs = gated(self.outputs, self.gated)
+        return min(outs, key=_snr_key) if outs else {}
+
+    @property
+    def label(self) -> str:
+        return f"{self.component} {self.format} {self.precision}"
+
+
+def _snr_key(o: dict) -> float:
+    v = num(o.get("snr_db"))
+    return -math.inf if o.get("finite") is False or math.isnan(v) else v
+
+
+def build_rows(m: dict, regated: dict | None = None) -> list[BuildRow]:
+    again = {r["key"]: r for r in (regated or {}).get("builds", [])}
+    return [_row(m, b, again.get(f"{b['component']}/{b['format']}/{b['precision']}")) for b in m["builds"]]
+
+
+def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
+    p = b.get("parity") or {}
+    runner = p.get("runner") or {}
+    outputs = tuple(p.get("outputs") or ())
+    names = gated_outputs(m, b["component"])
+    return BuildRow(
+        key=f"{b['component']}/{b['format']}/{b['precision']}", name=b["name"], component=b["component"],
+        format=b["format"], precision=b["precision"], runner=runner.get("short", "—"),
+        runner_label=runner.get("label", "no runner (not built)"),
+        threshold_db=(again or p).get("threshold_db"),
+        verdict=(again or {}).get("verdict", b["status"]),
+        reason=(again or {}).get("reason") or p.get("reason") or b.get("error") or "",
+        built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
+        bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
+        samples=tuple(b.get("samples", [])), hub=b.get("hub"))
+
+
+def components_without_accepted(m: dict, rows: list[BuildRow]) -> list[str]:
+    comps = list(m["components"]) or sorted({r.component for r in rows})
+    return [c for c in comps if not any(r.component == c and r.accepted for r in rows)]
+
+
+def weakest_blocks(m: dict) -> list[dict]:
+    """Per component and precision, the block that loses the most dB on its own."""
+    out = []
+    for comp, info in m["components"].items():
+        for prec, rows in (info.get("attribution") or {}).items():
+            failed = [r for r in rows if r.get("error") or r.get("finite") is False]
+            scored = [r for r in rows if r.get("snr_db") is not None]
+            if failed:
+                out.append({"component": comp, "precision": prec, "block": failed[0]["block"],
+                            "snr_db": None, "note": failed[0].get("error") or "NaN/Inf"})
+            elif scored:
+                r = min(scored, key=lambda r: r["snr_db"])
+                out.append({"component": comp, "precision": prec, "block": r["block"], "snr_db": r["snr_db"],
+                            "note": ""})
+    return out
+
+
+def fmt_db(x) -> str:
+    """A dB value for people: one decimal, ∞ for exact, NaN/Inf for broken, — for missing."""
+    if x is None:
+        return "—"
+    v = num(x)
+    if math.isnan(v) or v == -math.inf:
+        return "NaN/Inf"
+    if v == math.inf:
+        return "∞"
+    return f"{v:.1f}"
+
+
+def human_bytes(n: int | None) -> str:
+    if not n:
+        return "—"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def short_sha(sha: str | None) -> str:
+    if not sha:
+        return "unknown"
+    base, dirty = sha.removesuffix("-dirty"), sha.endswith("-dirty")
+    return base[:10] + ("-dirty" if dirty else "")

@@ -1,0 +1,232 @@
+"""parity.json (against its schema), report.md and report.html from synthetic manifests; re-gating,
+diff and the kept WAVs as units. No model is built here (see test_pipeline for the real build)."""
+import base64
+import json
+import math
+import re
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from markupsafe import escape
+
+from omni_export.artifacts.samples import as_channels, keep_audio, read_wav
+from omni_export.parity.diff import compare
+from omni_export.parity.regate import regate
+from omni_export.parity.report import parity_json
+from omni_export.reports import write_reports
+from omni_export.reports.markdown import summary
+from synthetic import build, demo_like, manifest, write_run
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "omni_export" / "schemas"
+PARITY_SCHEMA = json.loads((SCHEMAS / "parity.schema.json").read_text())
+MANIFEST_SCHEMA = json.loads((SCHEMAS / "manifest.schema.json").read_text())
+
+
+def _broken() -> dict:
+    """Every kind of bad build: NaN output, failed lowering, bit-exact fp32, a re-gatable int8."""
+    return manifest([build("onnx", "fp32", math.inf, 80.0), build("ctx", "fp16", None, 40.0, finite=False),
+                     build("pte", "w8a8", None, 30.0, error="lowering failed: RuntimeError: boom"),
+                     build("onnx", "w8a16", 27.0, 30.0)])
+
+
+# --------------------------------------------------------------------------------------- parity.json
+
+def test_synthetic_manifests_are_real_manifests():
+    for m in (demo_like(), _broken()):
+        jsonschema.validate(m, MANIFEST_SCHEMA)
+
+
+@pytest.mark.parametrize("make", [demo_like, _broken])
+def test_parity_json_validates_with_and_without_regating(make):
+    jsonschema.Draft202012Validator.check_schema(PARITY_SCHEMA)
+    m = make()
+    for record in (None, regate(m, {"w8a16": 20.0, "fp16": 45.0}, fail_under_db=30.0)):
+        doc = json.loads(json.dumps(parity_json(m, record), allow_nan=False))
+        jsonschema.validate(doc, PARITY_SCHEMA)
+
+
+def test_parity_schema_rejects_what_it_must():
+    doc = parity_json(demo_like())
+    bad_verdict = json.loads(json.dumps(doc))
+    bad_verdict["builds"][0]["verdict"] = "maybe"
+    accepted_unscored = json.loads(json.dumps(doc))
+    accepted_unscored["builds"][0].update(outputs=[], min_snr_db=None)
+    wrong_version = {**doc, "schema_version": 1}
+    for bad in (bad_verdict, accepted_unscored, wrong_version):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, PARITY_SCHEMA)
+
+
+def test_parity_json_is_strict_json_with_words_for_infinite_scores():
+    doc = parity_json(_broken())
+    text = json.dumps(doc, allow_nan=False)          # raises on a NaN/Infinity literal
+    by = {b["key"]: b for b in json.loads(text)["builds"]}
+    assert by["code2wav/onnx/fp32"]["min_snr_db"] == "inf"
+    assert by["code2wav/ctx/fp16"]["min_snr_db"] == "nan"
+    assert by["code2wav/pte/w8a8"]["min_snr_db"] is None
+
+
+# ------------------------------------------------------------------------------------------ regating
+
+def test_regate_flips_verdicts_against_new_gates_and_keeps_the_build_time_ones():
+    m = demo_like()
+    r = regate(m, {"fp16": 45.0, "w8a16": 25.0})
+    v = {x["key"]: x for x in r["builds"]}
+    assert v["code2wav/ctx/fp16"]["verdict"] == "rejected" and "44.3 dB < gate 45 dB" in v["code2wav/ctx/fp16"]["reason"]
+    assert v["code2wav/onnx/fp16"]["verdict"] == "accepted"
+    assert v["code2wav/ctx/w8a16"]["verdict"] == "accepted" and v["code2wav/onnx/w8a16"]["verdict"] == "rejected"
+    assert set(r["summary"]["changed"]) == {"code2wav/ctx/fp16", "code2wav/ctx/w8a16", "code2wav/pte/w8a16"}
+    assert [b["status"] for b in m["builds"]] == [b["status"] for b in demo_like()["builds"]]   # untouched
+
+
+def test_regate_never_accepts_nan_or_unscored_builds():
+    r = regate(_broken(), {"fp16": -1000.0, "w8a8": -1000.0})
+    v = {x["key"]: x for x in r["builds"]}
+    assert v["code2wav/ctx/fp16"]["verdict"] == "rejected" and "NaN/Inf" in v["code2wav/ctx/fp16"]["reason"]
+    assert v["code2wav/pte/w8a8"]["verdict"] == "rejected" and "lowering failed" in v["code2wav/pte/w8a8"]["reason"]
+
+
+def test_regate_fail_under_names_accepted_builds_below_the_floor():
+    r = regate(demo_like(), {}, fail_under_db=45.0)
+    assert r["summary"]["below_fail_under"] == ["code2wav/ctx/fp16"]
+    assert r["summary"]["components_without_accepted_build"] == []
+    assert regate(demo_like(), {"fp16": 60.0})["summary"]["components_without_accepted_build"] == ["code2wav"]
+
+
+# ---------------------------------------------------------------------------------------------- diff
+
+def test_diff_flags_drops_over_the_tolerance_only():
+    a, b = demo_like(), demo_like()
+    b["builds"][0]["parity"]["outputs"][0]["snr_db"] = 52.0      # onnx fp16 -0.5 dB
+    b["builds"][2]["parity"]["outputs"][0]["snr_db"] = 45.0      # pte fp16 -3.2 dB
+    result = compare(a, b, tolerance_db=1.0)
+    assert [r["key"] for r in result["regressions"]] == ["code2wav/pte/fp16"]
+    assert result["regressions"][0]["delta_db"] == pytest.approx(-3.2)
+    assert compare(a, b, tolerance_db=5.0)["regressions"] == []
+
+
+def test_diff_flags_nan_verdict_flips_and_vanished_builds():
+    a = demo_like()
+    b = manifest([build("onnx", "fp16", None, 40.0, finite=False), build("ctx", "fp16", 39.9, 40.0),
+                  build("onnx", "w8a16", 24.5, 30.0), build("pte", "w8a16", 25.7, 30.0)])
+    flags = {r["key"]: r["flag"] for r in compare(a, b)["regressions"]}
+    assert flags["code2wav/onnx/fp16"].startswith("NaN/Inf in B")
+    assert "accepted in A, rejected in B" in flags["code2wav/ctx/fp16"]        # only -0.4 dB, but it flipped
+    assert flags["code2wav/pte/fp16"] == "accepted in A, not built in B"
+    assert "code2wav/ctx/w8a16" not in flags                                    # was rejected anyway
+
+
+def test_diff_treats_two_exact_builds_as_equal_and_reports_provenance():
+    a = manifest([build("onnx", "fp32", math.inf, 80.0)])
+    b = manifest([build("onnx", "fp32", 141.0, 80.0)])
+    b["toolchain"]["onnxruntime-qnn"] = "2.8.0"
+    result = compare(a, b)
+    assert result["regressions"] == []
+    assert {"field": "toolchain.onnxruntime-qnn", "a": "2.7.0", "b": "2.8.0"} in result["provenance"]
+
+
+# ------------------------------------------------------------------------------------------ report.md
+
+def test_markdown_fits_one_screen_and_names_every_rejected_build_with_its_reason():
+    m = demo_like()
+    text = summary(m)
+    assert len(text.splitlines()) <= 40
+    assert text.startswith("## ✅")
+    for b in m["builds"]:
+        row = f"| code2wav | {b['format']} | {b['precision']} |"
+        assert text.count(row) == 1
+        if b["status"] == "rejected":
+            key = f"`{b['component']}/{b['format']}/{b['precision']}`"
+            where = f"`{b['files'][0]['path']}`"
+            assert f"- {key} ({b['parity']['runner']['short']}, {where}): {b['parity']['reason']}" in text
+    assert "demo, random weights" in text and "w8a16 `decoder.out` 35.0 dB" in text
+
+
+def test_markdown_says_exit_3_and_shows_regated_verdicts():
+    m = demo_like()
+    text = summary(m, regate(m, {"fp16": 60.0}))
+    assert text.startswith("## ❌") and "no accepted build for code2wav (exit 3)" in text
+    assert "**Re-gated**" in text and "fp16=60" in text
+    assert "❌ rejected (was accepted)" in text
+
+
+# ---------------------------------------------------------------------------------------- report.html
+
+@pytest.fixture(scope="module")
+def html_run(tmp_path_factory):
+    root = write_run(tmp_path_factory.mktemp("html") / "out", _with_hub(demo_like()), audio=True)
+    write_reports(root, json.loads((root / "manifest.json").read_text()))
+    return root, (root / "report.html").read_text()
+
+
+def _with_hub(m: dict) -> dict:
+    m["builds"][1]["hub"] = {"compile_job": "jabc123", "profile": {"inference_ms": 4.2}}
+    m["end_to_end"] = {"code_agreement": 0.993, "wav_snr_db": 31.5}
+    return m
+
+
+def test_html_is_self_contained(html_run):
+    _, html = html_run
+    assert "<script" not in html and "<link" not in html and "@import" not in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    images = re.findall(r'<img [^>]*src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) >= 2 + 1 + 6          # SNR chart, attribution chart, fp32 clip, six build clips
+    assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+
+
+def test_html_shows_every_build_reason_provenance_and_optional_sections(html_run):
+    root, html = html_run
+    m = json.loads((root / "manifest.json").read_text())
+    for b in m["builds"]:
+        if b["status"] == "rejected":
+            assert str(escape(b["parity"]["reason"])) in html
+    for text in ("demo, random weights", "0123456789abcdef0123456789abcdef01234567", "ci-host", "onnxruntime-qnn 2.7.0",
+                 "Per-block fidelity", "jabc123", "code_agreement", "Nothing was skipped"):
+        assert text in html, text
+
+
+def test_html_links_every_kept_wav_and_the_files_exist(html_run):
+    root, html = html_run
+    links = set(re.findall(r'<audio controls preload="none" src="([^"]+)"', html))
+    assert links == {"samples/code2wav-fp32-wav.wav"} | {
+        f"samples/code2wav-{f}-{p}-wav.wav" for f in ("onnx", "ctx", "pte") for p in ("fp16", "w8a16")}
+    assert all((root / p).is_file() for p in links)
+
+
+def test_html_clip_snr_is_computed_from_the_wavs(html_run):
+    _, html = html_run
+    # add_audio mixed noise at each build's recorded SNR, so the clip SNRs read back the same numbers
+    for db in ("52.5", "44.3", "24.5"):
+        assert f"clip SNR {db} dB" in html
+
+
+def test_html_survives_nan_unscored_and_exact_builds(tmp_path):
+    root = write_run(tmp_path / "out", _broken(), audio=True)
+    write_reports(root, json.loads((root / "manifest.json").read_text()))
+    html = (root / "report.html").read_text()
+    assert "lowering failed: RuntimeError: boom" in html and "not scored" in html
+    assert "clip SNR NaN/Inf dB" in html                       # the NaN build's clip, read back from its WAV
+    assert ">∞<" in html                                       # the bit-exact fp32 build
+    assert "No accepted build for" not in html                 # fp32 onnx is accepted
+
+
+def test_optional_sections_are_absent_when_the_manifest_has_none(tmp_path):
+    root = write_run(tmp_path / "out", demo_like())
+    write_reports(root, json.loads((root / "manifest.json").read_text()))
+    html = (root / "report.html").read_text()
+    assert 'id="hub"' not in html and 'id="e2e"' not in html and 'id="audio"' not in html
+    assert 'id="verdicts"' in html
+
+
+# -------------------------------------------------------------------------------------------- samples
+
+def test_keep_audio_writes_the_last_heldout_output_losslessly(tmp_path):
+    outs = [{"wav": np.zeros((1, 1, 480), np.float32)}, {"wav": np.linspace(-1.5, 1.5, 480, dtype=np.float32)[None, None]}]
+    [rec] = keep_audio(tmp_path, "c-onnx-fp16", outs, {"wav": 24000})
+    assert rec["path"] == "samples/c-onnx-fp16-wav.wav" and rec["heldout_index"] == 1 and rec["peak"] == 1.5
+    rate, data = read_wav(tmp_path / rec["path"])
+    assert rate == 24000 and np.array_equal(data[0], outs[1]["wav"][0, 0])
+    assert keep_audio(tmp_path, "x", outs, {}) == []
+    assert as_channels(np.zeros((1, 2, 10))).shape == (2, 10)
