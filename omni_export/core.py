@@ -116,6 +116,9 @@ class Component:
     logits: tuple[str, ...] = ()
     # Integer outputs (codes, ids) are gated on the fraction of elements equal to fp32's.
     agreement_min: float = 1.0
+    # {integer output: float output of per-element decision margins}: disagreements where the
+    # fp32 decision was a near tie are excused (parity/metrics.py, TIE_MARGIN).
+    tie_margins: Mapping[str, str] = field(default_factory=dict)
     # Outputs that are audio, with their sample rate in Hz: the report keeps one held-out clip
     # per build as a WAV (fp32 and every build) and draws its waveform and spectrogram.
     audio_outputs: Mapping[str, int] = field(default_factory=dict)
@@ -220,7 +223,9 @@ class OutputScore:
     max_abs_err: float
     finite: bool = True
     top1: float | None = None     # logits: fraction of positions whose argmax agrees
-    agreement: float | None = None  # integer outputs: fraction of elements equal
+    agreement: float | None = None  # integer outputs: fraction of elements equal (tie-aware if declared)
+    agreement_raw: float | None = None  # ... counting every flip, near ties included
+    ties: int | None = None       # flips excused because fp32's decision was a near tie
 
     def to_json(self) -> dict:
         d = {"name": self.name, "snr_db": _round(self.snr_db), "psnr_db": _round(self.psnr_db),
@@ -229,6 +234,9 @@ class OutputScore:
             d["top1"] = round(self.top1, 6)
         if self.agreement is not None:
             d["agreement"] = round(self.agreement, 6)
+        if self.agreement_raw is not None:
+            d["agreement_raw"] = round(self.agreement_raw, 6)
+            d["ties"] = self.ties
         return d
 
 

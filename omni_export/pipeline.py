@@ -138,7 +138,11 @@ def _end_to_end(opts: RunOptions, model, manifest: dict, progress: Progress) -> 
         precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k]}, key=order.index)
         if precs:
             runners[k] = tuple(precs)
-    return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
+    try:
+        return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
+    except Exception as e:  # a failing runner is a rejected pipeline, recorded with its reason
+        return [{"runner": ",".join(runners), "precision": ",".join(sorted({p for v in runners.values() for p in v})),
+                 "verdict": "rejected", "reason": f"end-to-end run failed: {_short(e)}"}]
 
 
 def _rewrites(opts: RunOptions) -> tuple[str, ...]:
@@ -194,6 +198,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
+        "agreement_min": component.agreement_min,
+        "tie_margins": dict(component.tie_margins),
         "rewrites": lowering.rewrite_report,
         "attribution": attribution,
         "gated_outputs": list(component.gated_outputs),
@@ -265,7 +271,7 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
     except Exception as e:
         store.commit(p.built.files, accepted=False)
         return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())
-    scores = score_outputs(traced.output_names, traced.reference, outputs, traced.logits)
+    scores = score_outputs(traced.output_names, traced.reference, outputs, traced.logits, component.tie_margins)
     verdict = judge(scores, p.threshold, component.gated_outputs, agreement_min=component.agreement_min)
     records = store.commit(p.built.files, verdict.accepted)
     entry.update({

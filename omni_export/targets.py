@@ -8,7 +8,7 @@ from __future__ import annotations
 from .core import Format, Precision, Target, UsageError
 
 # HTP-safe rewrites (exporters/rewrites.py), listed here so the CLI needs no torch import.
-REWRITE_NAMES = ("pow_mul", "sin_poly")
+REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
@@ -20,14 +20,14 @@ TARGETS: dict[str, Target] = {
             name="s25-htp", device="Samsung Galaxy S25 (Snapdragon 8 Elite), Hexagon NPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul",),
+            rewrites=("pow_mul", "act_barrier"),
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
             name="s24-htp", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3), Hexagon NPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul",),
+            rewrites=("pow_mul", "act_barrier"),
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(

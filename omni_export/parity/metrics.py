@@ -103,11 +103,44 @@ def snr(ref: np.ndarray, out: np.ndarray) -> float:
     return acc.score().snr_db
 
 
+# Two decisions whose fp32 scores differ by less than this (in logits, i.e. nats) are a near tie:
+# e^0.05 = 1.05, the two choices are within 5 % of each other's probability.
+TIE_MARGIN = 0.05
+
+
+def tie_aware(refs: Sequence[np.ndarray], outs: Sequence[np.ndarray], margins: Sequence[np.ndarray]):
+    """Agreement of rows of sequential decisions (last axis), excusing near ties: a row agrees up to
+    its first flip; if fp32's margin at that flip was under TIE_MARGIN, the whole row is excused
+    (its later decisions were conditioned on an equally good choice). Returns (agreement, ties)."""
+    agreed = total = ties = 0
+    for ref, out, mar in zip(refs, outs, margins):
+        r = np.asarray(ref).reshape(-1, np.shape(ref)[-1])
+        o = np.asarray(out).reshape(r.shape)
+        m = np.asarray(mar, dtype=np.float64).reshape(r.shape)
+        for rr, oo, mm in zip(r, o, m):
+            total += rr.size
+            diff = np.nonzero(rr != oo)[0]
+            if not len(diff):
+                agreed += rr.size
+            elif mm[diff[0]] < TIE_MARGIN:
+                agreed += rr.size
+                ties += 1
+            else:
+                agreed += int(diff[0])
+    return (agreed / total if total else 1.0), ties
+
+
 def score_outputs(names: Sequence[str], refs: Sequence[dict], outs: Sequence[dict],
-                  logits: Sequence[str] = ()) -> list[OutputScore]:
+                  logits: Sequence[str] = (), tie_margins: dict | None = None) -> list[OutputScore]:
     """Score every named output over paired lists of reference/output dicts."""
     accs = {n: Accumulator(n, n in logits) for n in names}
     for ref, out in zip(refs, outs, strict=True):
         for n in names:
             accs[n].add(ref[n], out[n])
-    return [accs[n].score() for n in names]
+    scores = [accs[n].score() for n in names]
+    for i, s in enumerate(scores):
+        margin = (tie_margins or {}).get(s.name)
+        if s.agreement is not None and margin:
+            agree, ties = tie_aware([r[s.name] for r in refs], [o[s.name] for o in outs], [r[margin] for r in refs])
+            scores[i] = OutputScore(s.name, None, None, 0.0, agreement=agree, agreement_raw=s.agreement, ties=ties)
+    return scores

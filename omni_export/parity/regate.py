@@ -61,7 +61,8 @@ def _rejudge(manifest: dict, b: dict, gates_db: dict[str, float]) -> dict:
     if not outputs:   # lowering or the runner failed: nothing was scored, it stays rejected
         return {**row, "verdict": "rejected", "reason": p.get("reason") or b.get("error") or "not scored"}
     attribution = manifest["components"].get(b["component"], {}).get("attribution", {}).get(b["precision"], [])
-    v = judge([score_from_json(o) for o in outputs], threshold, names, attribution)
+    agreement_min = manifest["components"].get(b["component"], {}).get("agreement_min", 1.0)
+    v = judge([score_from_json(o) for o in outputs], threshold, names, attribution, agreement_min=agreement_min)
     return {**row, "verdict": v.status, "reason": v.reason,
             "min_snr_db": as_json_db(min_snr_db(outputs, names))}
 

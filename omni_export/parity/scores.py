@@ -34,6 +34,8 @@ def as_json_db(x: float) -> float | str:
 
 def score_from_json(d: dict) -> OutputScore:
     """A recorded per-output score; a NaN SNR counts as non-finite so it can never pass a gate."""
+    if d.get("agreement") is not None:          # an integer output (codes): scored by agreement
+        return OutputScore(d["name"], None, None, 0.0, agreement=float(d["agreement"]))
     snr = num(d.get("snr_db"))
     finite = bool(d.get("finite", True)) and not math.isnan(snr)
     return OutputScore(d["name"], snr, num(d.get("psnr_db")), num(d.get("max_abs_err", math.nan)),
@@ -47,7 +49,7 @@ def gated(outputs: Sequence[dict], names: Sequence[str]) -> list[dict]:
 
 def min_snr_db(outputs: Sequence[dict], names: Sequence[str] = ()) -> float | None:
     """The lowest SNR over the gated outputs; NaN when one is non-finite; None when none were scored."""
-    scores = [score_from_json(o) for o in gated(outputs, names)]
+    scores = [s for s in (score_from_json(o) for o in gated(outputs, names)) if s.agreement is None]
     if not scores:
         return None
     if any(not s.finite for s in scores):

@@ -1,19 +1,26 @@
-"""End-to-end parity: the held-out prompts synthesised greedily through a build's graphs on one
-runner, against the fp32 pipeline: code agreement (% of the 16 x frames codes equal) and waveform
-SNR. Graphs that pass one by one can still diverge as a pipeline (a flipped code changes every
-later frame), so this is gated too.
+"""End-to-end parity: the held-out prompts through a build's graphs on one runner, against the
+fp32 pipeline.
 
-Gate: at least 95 % of the held-out codes equal. Greedy decoding is deterministic, so any
-disagreement is the build's numerics; an early flip derails the rest of the utterance and shows
-up as a large loss, while a late isolated flip costs a few percent. 95 % admits a late flip in
-one of the held-out utterances but not a derailed one.
+Two measures, because one flipped code changes every later frame of a free-running utterance:
+  teacher-forced code agreement (gated): every code the build decides given the fp32 pipeline's
+    history (the talker fed the fp32 frames, the predictor step graphs the fp32 codes), as a
+    fraction of the 16 x frames codes. A flip where fp32's two best logits were within
+    TIE_MARGIN (0.05, i.e. 5 % in probability) is a near tie, not a defect, and is excused and
+    counted. Gate: >= 99 %.
+  free-running (reported): the build synthesises greedily on its own (fused predictor frame graph,
+    streaming Code2Wav): code agreement, the first frame that differs, and the waveform SNR over
+    the common length.
 """
 from __future__ import annotations
 
 import numpy as np
 
-CODE_AGREEMENT_MIN = 0.95
-E2E_GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_frame", "code2wav")
+from ...parity.metrics import TIE_MARGIN
+
+CODE_AGREEMENT_MIN = 0.99
+E2E_FRAMES = 12          # frames per held-out prompt: the HTP simulator takes ~1 s per predictor frame
+E2E_GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefill", "predictor_decode",
+              "predictor_frame", "code2wav")
 
 
 def agreement(ref: np.ndarray, out: np.ndarray) -> tuple[float, int | None]:
@@ -36,23 +43,29 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     graphs = [g for g in E2E_GRAPHS if g in model.components()]
     if model.cfg.tts_model_type == "base":
         graphs.append("speaker_encoder")
-    reference = _synthesize(model, EagerGraphs(model))
+    with progress.stage("end-to-end: fp32 reference pipeline on the held-out prompts"):
+        eager = EagerGraphs(model)
+        reference = _free_running(model, eager)
+        margins = [_teacher_forced(model, eager, req, codes)[1] for req, (codes, _) in zip(model.requests("heldout"), reference)]
     rows = []
     for runner, precisions in runners.items():
         for prec in precisions:
             missing = [g for g in graphs if not _accepted(manifest, g, runner, prec)]
             row = {"runner": runner, "precision": prec, "prompts": len(reference),
-                   "frames": int(sum(len(r[0]) for r in reference)), "threshold": CODE_AGREEMENT_MIN}
+                   "frames": int(sum(len(r[0]) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
+                   "tie_margin": TIE_MARGIN}
             if missing:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
             with progress.stage(f"end-to-end: held-out prompts through {prec} graphs on {runner}"):
-                built = BuildGraphs(out_dir, runner, prec)
+                built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
                 try:
-                    results = _synthesize(model, built)
+                    free = _free_running(model, built)
+                    forced = [_teacher_forced(model, built, req, codes)[0]
+                              for req, (codes, _) in zip(model.requests("heldout"), reference)]
                 finally:
                     built.close()
-            rows.append({**row, **_score(reference, results)})
+            rows.append({**row, **_score(reference, margins, free, forced)})
     return rows
 
 
@@ -64,34 +77,52 @@ def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
                b["status"] == "accepted" for b in manifest["builds"])
 
 
-def _synthesize(model, graphs) -> list[tuple[np.ndarray, np.ndarray]]:
-    from .model import HELDOUT_FRAMES
-
+def _free_running(model, graphs) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for req in model.requests("heldout"):
-        gen, wav = model.synthesize(graphs, req, model.gen_options(greedy=True, max_frames=HELDOUT_FRAMES))
+        gen, wav = model.synthesize(graphs, req, model.gen_options(greedy=True, max_frames=E2E_FRAMES))
         out.append((gen.codes, wav if wav is not None else np.zeros(0, np.float32)))
     return out
 
 
-def _score(reference, results) -> dict:
+def _teacher_forced(model, graphs, req, codes):
+    from . import host
+    from .prompt import build
+
+    if model.cfg.tts_model_type == "base":
+        from .model import reference_voice
+
+        req.speaker_embedding = model.speaker_embedding(graphs, reference_voice(0))
+    pr = build(model.cfg, req, lambda ids: model.text_proj(graphs, ids), model.tables.codec_emb)
+    return host.teacher_forced(graphs, model.cfg, model.tables, pr, codes, model.gen_options(greedy=True))
+
+
+def _score(reference, margins, free, forced) -> dict:
     from ...parity.metrics import Accumulator
 
-    equal = total = 0
+    agreed = total = ties = flips = 0
+    for (rc, _), mar, pred in zip(reference, margins, forced):
+        differ = pred != rc
+        near = differ & (mar < TIE_MARGIN)
+        ties += int(near.sum())
+        flips += int(differ.sum())
+        agreed += int(rc.size - differ.sum() + near.sum())
+        total += rc.size
+    forced_agree = agreed / total if total else 1.0
+    equal = 0
     firsts = []
     wav = Accumulator("wav")
-    for (rc, rw), (oc, ow) in zip(reference, results):
+    for (rc, rw), (oc, ow) in zip(reference, free):
         frac, first = agreement(rc, oc)
         equal += frac * rc.size
-        total += rc.size
         firsts.append(first)
         n = min(len(rw), len(ow))
         wav.add(rw[:n], ow[:n])          # over the common length when frame counts differ
-    agree = equal / total if total else 1.0
     s = wav.score()
-    ok = agree >= CODE_AGREEMENT_MIN
-    reason = (f"codes {100 * agree:.1f}% equal to fp32 {'>=' if ok else '<'} {100 * CODE_AGREEMENT_MIN:.0f}%"
-              + ("" if ok else f"; first divergent frame per prompt: {firsts}"))
-    return {"code_agreement": round(agree, 6), "first_divergence": firsts,
+    ok = forced_agree >= CODE_AGREEMENT_MIN
+    reason = (f"teacher-forced codes {100 * forced_agree:.1f}% equal to fp32 ({ties} near-tie flips of "
+              f"{flips} excused) {'>=' if ok else '<'} {100 * CODE_AGREEMENT_MIN:.0f}%")
+    return {"code_agreement": round(forced_agree, 6), "near_tie_flips": ties, "flips": flips,
+            "free_running_agreement": round(equal / total, 6) if total else 1.0, "first_divergence": firsts,
             "wav_snr_db": round(s.snr_db, 3) if s.finite else None,
             "verdict": "accepted" if ok else "rejected", "reason": reason}

@@ -45,15 +45,13 @@ RUNNER_FORMATS = {"ort": ("onnx", "ort-cpu"), "htp": ("ctx", "qnn-htp"), "pte": 
 class BuildGraphs:
     """The accepted artifacts of a build directory, run on one runner kind (ort | htp | pte)."""
 
-    def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False):
+    def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False,
+                 manifest: dict | None = None):
         from ...parity.runners import RunnerSpec
 
         if runner not in RUNNER_FORMATS:
             raise UsageError(f"unknown runner '{runner}'; valid: {', '.join(RUNNER_FORMATS)}")
-        path = Path(out) / "manifest.json"
-        if not path.exists():
-            raise UsageError(f"{out}: no manifest.json (not an omni-export build directory)")
-        m = json.loads(path.read_text())
+        m = manifest or self._read(Path(out))
         fmt, kind = RUNNER_FORMATS[runner]
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
                                                      key=["fp32", "fp16", "w8a16", "w8a8"].index)
@@ -70,6 +68,16 @@ class BuildGraphs:
                     self.precision[comp] = prec
                     break
         self._runners = {}
+
+    @staticmethod
+    def _read(out: Path) -> dict:
+        path = out / "manifest.json"
+        if not path.exists():
+            raise UsageError(f"{out}: no manifest.json (not an omni-export build directory)")
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise UsageError(f"{path}: unreadable ({e})") from None
 
     def __call__(self, name: str, inputs: dict) -> dict:
         from ...parity.runners import open_runner

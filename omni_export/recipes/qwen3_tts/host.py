@@ -253,3 +253,51 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
         generated.append(c0)
     codes = np.asarray(frames, dtype=np.int64).reshape(-1, cfg.predictor.num_code_groups)
     return Generation(codes, generated, stopped, prompt.embeds.shape[0])
+
+
+def _top2_gap(x: np.ndarray) -> float:
+    finite = x[np.isfinite(x)]
+    if finite.size < 2:
+        return float("inf")
+    two = np.partition(finite, -2)[-2:]
+    return float(two[1] - two[0])
+
+
+def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy decisions of every code given the reference's history (no cascade): the talker is fed
+    the forced frames and the predictor step graphs the forced codes. Returns (predicted codes,
+    decision margins) [frames, Q]; margins are the gaps between the two best processed logits."""
+    t, p = cfg.talker, cfg.predictor
+    talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
+    logits, hidden = talker.run(prompt.embeds)
+    generated: list[int] = []
+    pred = np.zeros_like(forced)
+    margins = np.zeros(forced.shape, np.float32)
+    for k, frame in enumerate(forced):
+        x = talker_logits(logits[-1], generated, cfg, opts)
+        pred[k, 0], margins[k, 0] = int(np.argmax(x)), _top2_gap(x)
+        generated.append(int(frame[0]))
+        h = hidden[-1].reshape(1, 1, -1).astype(np.float32)
+        out = graphs("predictor_prefill", {"past_hidden": h, "code0": np.array([[frame[0]]], np.int32)})
+        past = {}
+        for i in range(p.num_hidden_layers):
+            for kind in ("key", "value"):
+                buf = np.zeros((1, p.num_key_value_heads, 17, p.head_dim), np.float32)
+                buf[:, :, :2] = out[f"new_{kind}_{i}"]
+                past[f"past_{kind}_{i}"] = buf
+        for s in range(1, p.num_code_groups):
+            lg = out["logits"][0]
+            pred[k, s], margins[k, s] = int(np.argmax(lg)), _top2_gap(lg)
+            if s == p.num_code_groups - 1:
+                break
+            out = graphs("predictor_decode", {"code": np.array([[frame[s]]], np.int32),
+                                              "step": np.array([s], np.int32), **past})
+            for i in range(p.num_hidden_layers):
+                for kind in ("key", "value"):
+                    past[f"past_{kind}_{i}"][:, :, s + 1] = out[f"new_{kind}_{i}"][:, :, 0]
+        if k + 1 == len(forced):
+            break
+        x_in = tables.embedding_sum([int(c) for c in frame]) + \
+            (prompt.trailing[k] if k < len(prompt.trailing) else prompt.pad)
+        logits, hidden = talker.run(x_in[None].astype(np.float32))
+    return pred, margins

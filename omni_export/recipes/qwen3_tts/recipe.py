@@ -61,10 +61,13 @@ COMPONENTS = (
         inputs=(T("past_hidden", (1, 1, "Ht"), F32), T("code0", (1, 1), I32),
                 T("noise", (1, "Q-1", "V"), F32, "temperature * Gumbel noise per step (zeros: greedy)")),
         outputs=(T("codes", (1, "Q-1"), I32, "codes 1..15"),
-                 T("embedding", (1, 1, "Ht"), F32, "sum of the 16 codebook embeddings: the next talker input")),
-        # Codes are discrete: gated on agreement with fp32 (a flip changes every later step of the
-        # frame, so the embedding's dB is reported, not gated).
-        gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.9, requires=("predictor",)),
+                 T("embedding", (1, 1, "Ht"), F32, "sum of the 16 codebook embeddings: the next talker input"),
+                 T("margins", (1, "Q-1"), F32, "gap between the two best scores at each step")),
+        # Codes are discrete: gated on agreement with fp32. A flip where fp32's two best codes were
+        # a near tie (margin < 0.05) is not a defect (the frame's later steps then follow another,
+        # equally likely, code), so agreement counts frames up to a decided flip; see metrics.py.
+        gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.99, tie_margins={"codes": "margins"},
+        requires=("predictor",)),
     Component(
         name="code2wav",
         doc="speech tokenizer decoder (Code2Wav vocoder), one static streaming chunk: L frames of "

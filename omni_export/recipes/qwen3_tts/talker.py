@@ -12,8 +12,9 @@ Graphs (all static shapes; C = context slots, P = prefill tokens, V = 2048 predi
   talker_decode    the same with P = 1
   predictor_prefill  past_hidden [1,1,Ht], code0 [1,1] -> logits [1,V], new K/V [1,kv,2,hd]
   predictor_decode   code [1,1], step [1] (1..14), past K/V [1,kv,17,hd] -> logits [1,V], new K/V [1,kv,1,hd]
-  predictor_frame    past_hidden, code0, noise [1,Q-1,V] -> codes [1,Q-1], embedding [1,1,Ht]
-                     (all Q-1 steps unrolled, top-k + Gumbel-max sampling inside; noise = 0 is greedy)
+  predictor_frame    past_hidden, code0, noise [1,Q-1,V] -> codes [1,Q-1], embedding [1,1,Ht],
+                     margins [1,Q-1] (all Q-1 steps unrolled, top-k + Gumbel-max sampling inside;
+                     noise = 0 is greedy; margins = gap between the two best scores of each step)
 """
 from __future__ import annotations
 
@@ -246,16 +247,19 @@ class PredictorFrame(nn.Module):
         self.top_k = top_k
 
     def _pick(self, logits, noise):
-        kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+        """(code, decision margin): the margin is the gap between the two best noisy scores."""
+        top = torch.topk(logits, self.top_k, dim=-1).values
         floor = logits.min(dim=-1, keepdim=True).values - 1.0
-        return torch.argmax(torch.where(logits >= kth, logits, floor) + noise, dim=-1, keepdim=True)
+        scores = torch.where(logits >= top[..., -1:], logits, floor) + noise
+        best2 = torch.topk(scores, 2, dim=-1).values
+        return torch.argmax(scores, dim=-1, keepdim=True), best2[..., :1] - best2[..., 1:]
 
     def forward(self, past_hidden, code0, noise):
         c = self.core
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
         keys, vals = None, None
         embs = [c.embed(0, code0)]
-        codes = []
+        codes, margins = [], []
         for s in range(c.groups - 1):
             n = x.shape[1] if s == 0 else 1
             pos0 = 0 if s == 0 else s + 1
@@ -267,10 +271,12 @@ class PredictorFrame(nn.Module):
             keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
             vals = v_new if vals is None else [torch.cat([a, b], 2) for a, b in zip(vals, v_new)]
             logits = torch.matmul(hidden[:, -1], c.heads[s].T)
-            code = self._pick(logits, noise[:, s])
+            code, margin = self._pick(logits, noise[:, s])
             codes.append(code)
+            margins.append(margin)
             e = c.embed(s + 1, code)
             embs.append(e)
             x = c.project(e)
         # One reduction over the 16 rows, as upstream sums them.
-        return torch.cat(codes, dim=1).to(torch.int32), torch.cat(embs, dim=1).sum(dim=1, keepdim=True)
+        return (torch.cat(codes, dim=1).to(torch.int32), torch.cat(embs, dim=1).sum(dim=1, keepdim=True),
+                torch.cat(margins, dim=1))
