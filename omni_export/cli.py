@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .commands import hub as hub_cli
 from .commands import reports
 from .core import Format, Precision, UsageError
 from .parity.gate import parse_gates
@@ -108,6 +109,9 @@ def list_cmd():
     for t in TARGETS.values():
         click.echo(f"  {t.name:12s} {t.device}; formats {','.join(f.value for f in t.formats)}; "
                    f"default precisions {','.join(p.value for p in t.default_precisions)}")
+        for comp, place in t.placement.items():
+            click.echo(f"  {'':12s} {comp} on the {place.unit_name}: {','.join(f.value for f in place.formats)} "
+                       f"at {','.join(p.value for p in place.precisions)}")
     click.echo("precisions: " + ", ".join(p.value for p in Precision))
     click.echo("formats:")
     for f in Format:
@@ -122,6 +126,7 @@ def _recipe_command(name: str) -> click.Command:
         from .pipeline import RunOptions, run
 
         try:
+            hub_opts = hub_cli.take_options(recipe_opts)
             tgt = get_target(target)
             comps = tuple(c.strip() for c in components.split(",")) if components else ()
             for c in comps:
@@ -134,8 +139,11 @@ def _recipe_command(name: str) -> click.Command:
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution=not no_attribution, rewrites=_rewrites(rewrites, tgt), force=force,
                 jobs=jobs or default_jobs(), gates=parse_gates(gate))
+            hub = hub_cli.preflight(hub_opts, tgt)
+            console = _Console(quiet or as_json)
             with _native_stdout_to_stderr():
-                result = run(opts, _Console(quiet or as_json))
+                result = run(opts, console)
+                result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, hub, console)
             reports.append_summary(summary_to, (result.out / "report.md").read_text())
         except UsageError as e:
             _fail(str(e), debug)
@@ -156,6 +164,8 @@ def _recipe_command(name: str) -> click.Command:
                                               for b in m["builds"]]}, indent=2))
         else:
             _print_report(result.out)
+            for n in notes:
+                click.echo(n)
         sys.exit(result.exit_code)
 
     params = [
@@ -186,6 +196,7 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),
+        *hub_cli.build_params(),
     ]
     for o in recipe.options:
         if o.type is bool:
@@ -268,6 +279,7 @@ for _name in REGISTRY:
     if get_recipe(_name).synth:
         synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
 reports.register(main)
+hub_cli.register(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -137,6 +137,22 @@ class RecipeOption:
 
 
 @dataclass(frozen=True)
+class RealTime:
+    """How a recipe's graphs add up to real time, for the on-device RTF estimate (hub/rtf.py).
+
+    `calls` lists (component, calls per unit of output) for one unit of output (e.g. one 80 ms
+    audio frame); a count is an expression over the recipe options (dashes read as underscores),
+    e.g. "1/chunk_frames" for a vocoder that runs once per chunk. `alternatives` names graphs that
+    can stand in for a component that was not measured (the fused predictor frame, or its prefill
+    + 14 single steps)."""
+    unit: str                                   # what one unit of output is, e.g. "frame"
+    unit_ms: float                              # its duration in ms of output (audio)
+    calls: tuple[tuple[str, str], ...]
+    alternatives: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    doc: str = ""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A model family's page: components, options and where its loader lives (imported lazily)."""
     name: str
@@ -149,6 +165,7 @@ class Recipe:
     synth: str = ""                          # module with HELP, options() and run(**kw): `omni-export synth`
     options: tuple[RecipeOption, ...] = ()
     version: str = "1"                       # bump when graphs change (part of build cache keys)
+    realtime: RealTime | None = None         # per unit of output: which graphs run how often
 
     def component(self, name: str) -> Component:
         for c in self.components:
@@ -175,6 +192,32 @@ class Samples:
     source: str
 
 
+# Compute units a component can be placed on, and the AI Hub --compute_unit each one is.
+UNITS = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
+UNIT_NAMES = {"htp": "Hexagon NPU (HTP)", "gpu": "Adreno GPU", "cpu": "CPU"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one component runs on the device, what is built for it there, and how AI Hub takes it.
+
+    `hub_runtimes` maps a local format to the AI Hub --target_runtime its device build is compiled
+    for; formats not listed are built and scored locally but never submitted."""
+    unit: str                                   # a key of UNITS
+    formats: tuple[Format, ...]
+    precisions: tuple[Precision, ...]           # the default ladder on this unit
+    hub_runtimes: Mapping[Format, str] = field(default_factory=dict)
+    doc: str = ""
+
+    @property
+    def hub_compute_unit(self) -> str:
+        return UNITS[self.unit]
+
+    @property
+    def unit_name(self) -> str:
+        return UNIT_NAMES[self.unit]
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -182,16 +225,31 @@ class Target:
     soc: str                          # e.g. SM8750
     soc_model: str | None             # QNN soc_model id
     htp_arch: str | None              # QNN htp_arch (v79 -> "79")
-    formats: tuple[Format, ...]
+    formats: tuple[Format, ...]       # every format some placement builds
     default_precisions: tuple[Precision, ...]
     hub_device: str | None = None
     # HTP-safe graph rewrites applied to every graph built for this target's QNN path.
     rewrites: tuple[str, ...] = ()
     doc: str = ""
+    # Where each component runs: {component name: Placement}; others use `default_placement`
+    # (None: every format and the default ladder on the HTP, or the CPU for a target without one).
+    placement: Mapping[str, Placement] = field(default_factory=dict)
+    default_placement: Placement | None = None
 
     @property
     def has_htp(self) -> bool:
         return self.soc_model is not None
+
+    def place(self, component: str) -> Placement:
+        if component in self.placement:
+            return self.placement[component]
+        if self.default_placement is not None:
+            return self.default_placement
+        return Placement("htp" if self.has_htp else "cpu", self.formats, self.default_precisions)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len({p.unit for p in self.placement.values()} | {self.place("").unit}) > 1
 
 
 @dataclass(frozen=True)

@@ -71,17 +71,20 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
         opts.recipe.component(c)
         if available is not None and c not in available:
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}")
-    precisions = opts.precisions or opts.target.default_precisions
-    formats = opts.formats or opts.target.formats
-    for f in formats:
+    for f in opts.formats:
         if f not in opts.target.formats:
             raise UsageError(f"target {opts.target.name} does not build {f.value}; its formats: "
                              f"{', '.join(x.value for x in opts.target.formats)}")
     builds, skipped = [], []
     for c in comps:
-        for p in precisions:
-            for f in formats:
-                if supports(f, p):
+        place = opts.target.place(c)          # the unit this component runs on, and what it builds
+        for p in opts.precisions or place.precisions:
+            for f in opts.formats or place.formats:
+                if f not in place.formats:
+                    skipped.append({"component": c, "format": f.value, "precision": p.value,
+                                    "reason": f"{c} runs on the {place.unit_name} on {opts.target.name}, "
+                                              f"which takes {', '.join(x.value for x in place.formats)}"})
+                elif supports(f, p):
                     builds.append(BuildSpec(opts.recipe.name, c, f, p, opts.target.name))
                 else:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,
@@ -157,6 +160,7 @@ def _recipe_options(opts: RunOptions) -> dict:
 
 def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: Store,
                    entries: list[dict], progress: Progress) -> dict:
+    from .artifacts import inputs
     from .artifacts.manifest import hash_arrays
     from .artifacts.samples import keep_audio
     from .exporters.lower import Lowering
@@ -175,6 +179,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
                              f"builds need at least {MIN_CALIBRATION} real inputs")
         traced = trace(graph, calib, heldout)
+        kept = inputs.keep_inputs(store.root, traced)   # for hub submit and verify --rescore
     timings["trace_s"] = round(time.time() - t0, 3)
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts))
@@ -188,6 +193,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
     _link_attribution(comp_entries, attribution)
+    kept["sources"] = inputs.keep_sources(store.root, opts.recipe.name, opts.target, lowering, comp_entries)
     entries.extend(comp_entries)
     timings["total_s"] = round(time.time() - t0, 3)
     return {
@@ -198,6 +204,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
+        **kept,                                          # parity_inputs, calibration_inputs, sources
         "agreement_min": component.agreement_min,
         "tie_margins": dict(component.tie_margins),
         "rewrites": lowering.rewrite_report,
@@ -387,7 +394,8 @@ def _manifest(opts, model, the_plan: Plan, entries, components, seconds: float) 
         "recipe": {"name": opts.recipe.name, "version": opts.recipe.version, "doc": opts.recipe.doc},
         "checkpoint": model.info,
         "target": {"name": t.name, "device": t.device, "soc": t.soc, "soc_model": t.soc_model,
-                   "htp_arch": t.htp_arch, "hub_device": t.hub_device, "rewrites": list(t.rewrites)},
+                   "htp_arch": t.htp_arch, "hub_device": t.hub_device, "rewrites": list(t.rewrites),
+                   "placement": {c: t.place(c).unit for c in sorted({b.component for b in the_plan.builds})}},
         "options": {"components": sorted({b.component for b in the_plan.builds}),
                     "precisions": sorted({b.precision.value for b in the_plan.builds}),
                     "formats": sorted({b.format.value for b in the_plan.builds}),

@@ -5,13 +5,31 @@ SM8650 (Snapdragon 8 Gen 3, Galaxy S24) soc_model 57, HTP v75.
 """
 from __future__ import annotations
 
-from .core import Format, Precision, Target, UsageError
+from .core import Format, Placement, Precision, Target, UsageError
 
 # HTP-safe rewrites (exporters/rewrites.py), listed here so the CLI needs no torch import.
 REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
+
+# What AI Hub compiles each local format's device build for (--target_runtime). The ONNX build
+# becomes ONNX Runtime with a precompiled QNN context (what an app using ORT ships), the DLC the
+# QNN DLC, the context binary the raw QNN context binary. ExecuTorch programs are not submitted
+# (AI Hub takes no .pte).
+_HTP_HUB = {Format.ONNX: "precompiled_qnn_onnx", Format.DLC: "qnn_dlc", Format.CTX: "qnn_context_binary"}
+
+_HTP_ALL = Placement("htp", _HTP_FORMATS, _HTP_LADDER, _HTP_HUB,
+                     doc="Hexagon NPU; fp16 and calibrated w8a16")
+# Heterogeneous targets: the language model on the NPU at fp16, the vocoder on the Adreno GPU at
+# fp32 (FACTS.md: Code2Wav 45.8 ms/frame on the S25 GPU at fp32 vs 182 ms on the NPU).
+_LM_NPU = Placement("htp", (Format.ONNX, Format.DLC, Format.CTX), (Precision.FP16,), _HTP_HUB,
+                    doc="Hexagon NPU at fp16")
+_ADRENO = Placement("gpu", (Format.ONNX,), (Precision.FP32,), {Format.ONNX: "qnn_dlc"},
+                    doc="Adreno GPU at fp32 (AI Hub: QNN DLC, --compute_unit gpu); scored locally on "
+                        "ONNX Runtime CPU at the same precision as a proxy (QNN's GPU backend does not "
+                        "run on x86)")
+_VOCODER_ON_GPU = {"code2wav": _ADRENO}
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -20,15 +38,29 @@ TARGETS: dict[str, Target] = {
             name="s25-htp", device="Samsung Galaxy S25 (Snapdragon 8 Elite), Hexagon NPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier"),
+            rewrites=("pow_mul", "act_barrier"), default_placement=_HTP_ALL,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
             name="s24-htp", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3), Hexagon NPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier"),
+            rewrites=("pow_mul", "act_barrier"), default_placement=_HTP_ALL,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
+        ),
+        Target(
+            name="s25", device="Samsung Galaxy S25 (Snapdragon 8 Elite): Hexagon NPU + Adreno GPU",
+            soc="SM8750", soc_model="69", htp_arch="79", formats=(Format.ONNX, Format.DLC, Format.CTX),
+            default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S25 (Family)",
+            rewrites=("pow_mul", "act_barrier"), placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
+            doc="talker and predictor on the NPU at fp16, Code2Wav on the Adreno GPU at fp32",
+        ),
+        Target(
+            name="s24", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3): Hexagon NPU + Adreno GPU",
+            soc="SM8650", soc_model="57", htp_arch="75", formats=(Format.ONNX, Format.DLC, Format.CTX),
+            default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S24 (Family)",
+            rewrites=("pow_mul", "act_barrier"), placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
+            doc="talker and predictor on the NPU at fp16, Code2Wav on the Adreno GPU at fp32",
         ),
         Target(
             name="cpu", device="host CPU (ONNX Runtime, ExecuTorch XNNPACK)",

@@ -91,12 +91,18 @@ class Lowering:
                                        fp16=precision == Precision.FP16)
         return src, opts
 
+    @property
+    def placement(self):
+        """Where this graph runs on the target (a block graph "comp:block" runs with its component)."""
+        return self.target.place(self.traced.name.split(":", 1)[0])
+
     def primary_runner(self, precision: Precision) -> RunnerSpec:
-        """Where this graph would run on the target: the HTP simulator, else ORT CPU."""
-        if self.target.has_htp and precision != Precision.FP32:
+        """Where this graph would run on the target: the HTP simulator for an HTP-placed graph,
+        else ORT CPU (for a GPU-placed graph, as a proxy at the same precision)."""
+        if self.target.has_htp and self.placement.unit == "htp" and precision != Precision.FP32:
             src, opts = self.qnn_source(precision)
             return self._htp_spec(str(src), src, opts)
-        return self._spec("ort-cpu", self.onnx(precision))
+        return self._spec("ort-cpu", self.onnx(precision), self._proxy())
 
     # ---- builds
     def build(self, spec: BuildSpec, staging: Path) -> Built:
@@ -105,7 +111,7 @@ class Lowering:
         if spec.format == Format.ONNX:
             src = self.onnx(p)
             _copy_onnx(src, out)
-            return Built(_onnx_files(out), self._spec("ort-cpu", out), self._details(p))
+            return Built(_onnx_files(out), self._spec("ort-cpu", out, self._proxy()), self._details(p))
         if spec.format == Format.DLC:
             from .. import qnn_ep
 
@@ -147,6 +153,11 @@ class Lowering:
         else:
             d["scheme"] = "fp32"
         return d
+
+    def _proxy(self) -> dict:
+        """ORT CPU stands in for a unit nothing here can run (the Adreno GPU): say so in the runner."""
+        unit = self.placement.unit
+        return {"proxy_for": unit} if unit not in ("cpu", "htp") else {}
 
     def _spec(self, kind: str, path: Path, options: dict | None = None, key: str | None = None) -> RunnerSpec:
         return RunnerSpec(kind, str(path), self.traced.input_names, self.traced.output_names,

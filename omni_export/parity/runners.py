@@ -11,6 +11,9 @@ from typing import Sequence
 import numpy as np
 
 
+PROXY_NAMES = {"gpu": "Adreno GPU"}
+
+
 @dataclass(frozen=True)
 class RunnerSpec:
     kind: str                       # "ort-cpu" | "qnn-htp" | "executorch"
@@ -27,13 +30,22 @@ class RunnerSpec:
             o = self.options
             prec = "fp16" if o.get("enable_htp_fp16_precision") == "1" else "quantized"
             return f"QNN HTP simulator (soc_model {o.get('soc_model')}, v{o.get('htp_arch')}, {prec})"
+        if self.proxy_for:
+            return f"ONNX Runtime CPU as a proxy for the {PROXY_NAMES[self.proxy_for]} (same precision)"
         return {"ort-cpu": "ONNX Runtime CPU", "executorch": "ExecuTorch runtime (XNNPACK)"}[self.kind]
 
     @property
     def short(self) -> str:
         if self.kind == "qnn-htp":
             return "htp-sim fp16" if self.options.get("enable_htp_fp16_precision") == "1" else "htp-sim"
+        if self.proxy_for:
+            return f"ort-cpu ({self.proxy_for} proxy)"
         return {"ort-cpu": "ort-cpu", "executorch": "executorch"}[self.kind]
+
+    @property
+    def proxy_for(self) -> str | None:
+        """The device unit an ORT CPU run stands in for (a GPU-placed graph), else None."""
+        return self.options.get("proxy_for") if self.kind == "ort-cpu" else None
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "short": self.short, "label": self.label, "options": dict(self.options)}

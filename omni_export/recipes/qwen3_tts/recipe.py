@@ -11,7 +11,7 @@ it reads a few rows of per utterance. The talker's codec table (3072 x Ht) is sm
 on the host (prompt rows) and inside the predictor graphs (code0 and the 15 residual tables), so
 `predictor_frame` returns the summed embedding the next talker step needs in the same call.
 """
-from ...core import Component, Precision, Recipe, RecipeOption, TensorSpec as T
+from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
 
 F32, I32 = "float32", "int32"
 _LM_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
@@ -108,4 +108,12 @@ RECIPE = Recipe(
                      "with --random-weights or the demo: custom_voice, base or voice_design"),
     ),
     version="2",
+    # One 80 ms frame of audio (12.5 Hz codes): one talker step, one predictor frame (codes 1..15),
+    # and 1/N of a Code2Wav chunk of N frames.
+    realtime=RealTime(
+        unit="frame", unit_ms=80.0,
+        calls=(("talker_decode", "1"), ("predictor_frame", "1"), ("code2wav", "1/chunk_frames")),
+        alternatives={"predictor_frame": (("predictor_prefill", "1"), ("predictor_decode", "14"))},
+        doc="per 80 ms frame: one talker_decode, one predictor_frame (or its prefill + 14 steps); "
+            "Code2Wav once per chunk of N frames"),
 )

@@ -1,0 +1,107 @@
+"""Which accepted builds go to AI Hub, and how: the uploaded ONNX, the runtime, the job options.
+
+Pure functions of the manifest and the targets table, so `hub submit` on an old output directory
+decides exactly what `--hub` decided at build time.
+
+Per build (its format and precision, on the unit its component is placed on):
+  upload   sources/...-fp32-....onnx for fp32/fp16 builds; for w8a16/w8a8 the local QDQ ONNX
+           (quantize_on="local") or the fp32 ONNX plus AI Hub's quantize job on our calibration set
+           (quantize_on="hub": INT8 weights, INT16 activations for w8a16 / INT8 for w8a8)
+  compile  --target_runtime {the placement's runtime for the format} --compute_unit {npu|gpu|cpu}
+           --qairt_version {pinned}; fp16 adds --quantize_full_type float16. Inputs and outputs stay
+           float32 (no --quantize_io), so the device run takes the same held-out inputs and is scored
+           against the same fp32 references as every local build.
+  inference  the compiled model on the held-out inputs with profile=True: one job gives the outputs
+           and the profile; --compute_unit and --qairt_version pinned as for the compile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..artifacts.inputs import source_key
+from ..core import Format, Precision, Target
+
+QUANTIZE_DTYPES = {"w8a16": ("INT8", "INT16"), "w8a8": ("INT8", "INT8")}
+LOCAL_QDQ = "local QDQ (onnxruntime QNN config: uint8 per-channel weights, MinMax calibration)"
+
+
+@dataclass(frozen=True)
+class Route:
+    key: str                   # component/format/precision
+    name: str                  # the build's artifact stem
+    component: str
+    format: str
+    precision: str
+    runtime: str               # AI Hub --target_runtime
+    compute_unit: str          # AI Hub --compute_unit
+    upload: str                # source key of the ONNX uploaded: fp32 | w8a16 | w8a8
+    quantize: tuple[str, str] | None = None   # (weights, activations) QuantizeDtype names: AI Hub quantizes
+
+    @property
+    def quantized_by(self) -> str | None:
+        if not Precision(self.precision).quantized:
+            return None
+        if self.quantize:
+            w, a = self.quantize
+            return f"AI Hub quantize job ({w} weights, {a} activations) on the captured calibration set"
+        return LOCAL_QDQ
+
+    def compile_options(self, qairt: str) -> str:
+        opts = [f"--target_runtime {self.runtime}", f"--compute_unit {self.compute_unit}",
+                f"--qairt_version {qairt}"]
+        if self.precision == Precision.FP16.value:
+            opts.append("--quantize_full_type float16")
+        return " ".join(opts)
+
+    def inference_options(self, qairt: str) -> str:
+        return f"--compute_unit {self.compute_unit} --qairt_version {qairt}"
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return (("quantize",) if self.quantize else ()) + ("compile", "inference")
+
+    def to_json(self) -> dict:
+        return {"runtime": self.runtime, "compute_unit": self.compute_unit, "upload": self.upload,
+                "quantized_by": self.quantized_by}
+
+
+def plan(manifest: dict, target: Target, quantize_on: str = "local", components: tuple = (),
+         formats: tuple = ()) -> tuple[list[Route], list[dict]]:
+    """(routes for the builds to submit, [{key, reason}] for the builds left out)."""
+    if quantize_on not in ("local", "hub"):
+        raise ValueError(f"quantize_on must be local or hub, not {quantize_on}")
+    routes, left = [], []
+    for b in manifest["builds"]:
+        key = f"{b['component']}/{b['format']}/{b['precision']}"
+        if (components and b["component"] not in components) or (formats and b["format"] not in formats):
+            continue
+        reason = _why_not(manifest, target, b)
+        if reason:
+            left.append({"key": key, "reason": reason})
+            continue
+        place = target.place(b["component"])
+        prec = Precision(b["precision"])
+        hub_quantizes = quantize_on == "hub" and prec.quantized
+        routes.append(Route(
+            key=key, name=b["name"], component=b["component"], format=b["format"], precision=b["precision"],
+            runtime=place.hub_runtimes[Format(b["format"])], compute_unit=place.hub_compute_unit,
+            upload="fp32" if hub_quantizes else source_key(prec),
+            quantize=QUANTIZE_DTYPES[prec.value] if hub_quantizes else None))
+    return routes, left
+
+
+def _why_not(manifest: dict, target: Target, b: dict) -> str | None:
+    place = target.place(b["component"])
+    fmt = Format(b["format"])
+    if b["status"] != "accepted":
+        return "rejected" + (" on the device" if b.get("rejected_by") == "device" else " locally") + \
+               "; only accepted builds are submitted"
+    if fmt not in place.hub_runtimes:
+        if fmt == Format.PTE:
+            return "AI Hub takes no ExecuTorch programs (.pte)"
+        return f"{fmt.value} builds on the {place.unit_name} are scored locally only"
+    sources = manifest["components"].get(b["component"], {}).get("sources") or {}
+    src = sources.get(source_key(Precision(b["precision"])))
+    if not src or "path" not in src:
+        return (src or {}).get("error") or "the build kept no source ONNX (rebuilt before sources/ existed)"
+    return None
