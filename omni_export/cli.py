@@ -117,7 +117,7 @@ def list_cmd():
 def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
-    def callback(target, checkpoint, components, precision, formats, out, as_json, force, no_attribution,
+    def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, gate, quiet, debug, summary_to, **recipe_opts):
         from .pipeline import RunOptions, run
 
@@ -132,7 +132,7 @@ def _recipe_command(name: str) -> click.Command:
                 checkpoint=Path(checkpoint) if checkpoint else None, components=comps,
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
-                attribution=not no_attribution, rewrites=_rewrites(rewrites, tgt), force=force,
+                attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
                 jobs=jobs or default_jobs(), gates=parse_gates(gate))
             with _native_stdout_to_stderr():
                 result = run(opts, _Console(quiet or as_json))
@@ -174,8 +174,10 @@ def _recipe_command(name: str) -> click.Command:
                      help=f"output directory [default: artifacts/{name}-TARGET]"),
         click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout"),
         click.Option(["--force"], is_flag=True, help="replace an output directory holding another build"),
-        click.Option(["--no-attribution"], is_flag=True,
-                     help="skip per-block fidelity attribution (faster; rejected builds then name no block)"),
+        click.Option(["--attribution"], type=click.Choice(["auto", "all", "off"]), default="auto", show_default=True,
+                     help="per-block fidelity (each block lowered alone, fed fp32 activations): auto runs it "
+                          "for the precisions that have a rejected build, to say which block lost the dB"),
+        click.Option(["--no-attribution"], is_flag=True, help="same as --attribution off"),
         click.Option(["--rewrites"], default=None, metavar="LIST",
                      help="HTP-safe graph rewrites: comma-separated names, or 'none' to see what they "
                           f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),

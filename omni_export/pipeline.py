@@ -29,7 +29,7 @@ class RunOptions:
     precisions: tuple[Precision, ...] = ()
     formats: tuple[Format, ...] = ()
     recipe_options: dict = field(default_factory=dict)
-    attribution: bool = True
+    attribution: str = "auto"      # all | auto (precisions with a rejected build) | off
     rewrites: tuple[str, ...] | None = None     # None: the target's
     force: bool = False
     jobs: int = 2
@@ -184,8 +184,14 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         shared: dict = {}
         pending = [_lower_build(spec, _gate(opts, component, spec.precision), lowering, traced, store,
                                 pool, shared, progress) for spec in builds]
-        attribution_jobs = _lower_attribution(opts, traced, builds, store, pool, progress) if opts.attribution else {}
+        early = _attribution_precisions(builds) if opts.attribution == "all" else []
+        attribution_jobs = _lower_attribution(opts, traced, early, store, pool, progress)
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
+        if opts.attribution == "auto":     # explain the rejections only
+            late = [p for p in _attribution_precisions(builds)
+                    if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte"
+                           for e in comp_entries)]
+            attribution_jobs = _lower_attribution(opts, traced, late, store, pool, progress)
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
     _link_attribution(comp_entries, attribution)
     entries.extend(comp_entries)
@@ -306,16 +312,19 @@ def _short(e: Exception) -> str:
 
 # ------------------------------------------------------------------------------------- attribution
 
-def _lower_attribution(opts, traced, builds, store: Store, pool, progress) -> dict:
+def _attribution_precisions(builds) -> list[Precision]:
+    return sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
+
+
+def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -> dict:
     """Per precision: lower each block alone for the target's main runner and queue its run.
 
     Each block is fed the fp32 activations the full graph produced in front of it, so its score
     is the loss that block adds by itself (not the loss it inherits)."""
     from .exporters.lower import Lowering
-    from .trace import trace_blocks
+    from .trace import BlockChain, trace_blocks
 
-    precisions = sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
-    if not precisions:
+    if not precisions or not isinstance(traced.module, BlockChain):
         return {}
     with progress.stage(f"{traced.name}: capture block activations"):
         blocks = trace_blocks(traced, heldout_limit=ATTRIBUTION_SAMPLES)

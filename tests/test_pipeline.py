@@ -75,14 +75,18 @@ def test_provenance_and_calibration_are_recorded(demo_run):
     assert q["details"]["calibration_samples"] == comp["calibration"]["count"]
 
 
-def test_attribution_scores_every_block_on_the_simulator(demo_run):
+def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
+    """Default --attribution auto: the blocks of a precision with a rejected build are lowered alone
+    and scored on the simulator; a precision whose builds all pass is not re-examined."""
     _, out = demo_run
-    att = read_manifest(out)["components"]["code2wav"]["attribution"]
-    names = [r["block"] for r in att["fp16"]]
+    m = read_manifest(out)
+    att = m["components"]["code2wav"]["attribution"]
+    rejected = {b["precision"] for b in m["builds"] if b["status"] == "rejected" and b["format"] != "pte"}
+    assert set(att) == rejected and "w8a16" in rejected
+    names = [r["block"] for r in att["w8a16"]]
     assert names[0] == "rvq" and names[-1] == "decoder.out" and "pre_transformer" in names
-    assert all(r["snr_db"] is not None and r["snr_db"] > 40 for r in att["fp16"])
-    assert "HTP simulator" in att["fp16"][0]["runner"]
-    assert len(att["w8a16"]) == len(names)
+    assert all(r["snr_db"] is not None for r in att["w8a16"])
+    assert "HTP simulator" in att["w8a16"][0]["runner"]
 
 
 def test_rejected_reasons_name_the_weakest_block(demo_run):
