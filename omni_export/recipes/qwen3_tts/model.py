@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core import Graph, Samples, UsageError
+from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host
 from .recipe import RECIPE
@@ -23,6 +24,17 @@ class Qwen3TTS:
     options: dict
     speech: ck.SpeechTokenizer | None = None
     info: dict = field(default_factory=dict)
+    demo_seed: int | None = None
+
+    @property
+    def seeds(self) -> dict:
+        """Every seed behind this model's data (recorded in the manifest)."""
+        given = self.options.get("calibration-codes")
+        s = {"heldout_codes": SYNTHETIC_SEED_HELDOUT,
+             "calibration_codes": None if given else [SYNTHETIC_SEED_CALIBRATION + i for i in range(4)]}
+        if self.demo_seed is not None:
+            s["demo_checkpoint"] = self.demo_seed
+        return s
 
     # ---- geometry
     @property
@@ -92,43 +104,60 @@ class Qwen3TTS:
 
 
 def load_code_sequences(path: Path, codebooks: int, codebook_size: int) -> list[np.ndarray]:
+    if not path.exists():
+        raise UsageError(f"--calibration-codes {path} does not exist; pass a .npy of codes [frames, "
+                         f"{codebooks}] or a directory of them")
     files = sorted(path.glob("*.npy")) if path.is_dir() else [path]
-    if not files or not all(f.exists() for f in files):
-        raise UsageError(f"--calibration-codes {path}: no .npy files found")
-    seqs = []
-    for f in files:
-        try:
-            a = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--calibration-codes {f}: not a readable .npy ({e})") from None
-        if a.ndim != 2 or a.shape[1] != codebooks or a.shape[0] < 1:
-            raise UsageError(f"--calibration-codes {f}: expected shape [frames, {codebooks}], got {list(a.shape)}")
-        if not np.issubdtype(a.dtype, np.integer) or a.min() < 0 or a.max() >= codebook_size:
-            raise UsageError(f"--calibration-codes {f}: codes must be integers in [0, {codebook_size})")
-        seqs.append(a.astype(np.int32))
-    return seqs
+    if not files:
+        raise UsageError(f"--calibration-codes {path}: no .npy files in the directory")
+    return [_code_sequence(f, codebooks, codebook_size) for f in files]
+
+
+def _code_sequence(f: Path, codebooks: int, codebook_size: int) -> np.ndarray:
+    where = f"--calibration-codes {f}"
+    require_regular_file(f, where)
+    try:
+        a = np.load(f, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise UsageError(f"{where}: not a readable .npy ({_first_line(e)}); save codes with numpy.save "
+                         f"(pickled object arrays are never loaded)") from None
+    if not isinstance(a, np.ndarray):
+        a.close()
+        raise UsageError(f"{where}: is an .npz archive; pass one .npy per sequence (or a directory of them)")
+    if a.ndim != 2 or a.shape[1] != codebooks:
+        raise UsageError(f"{where}: expected shape [frames, {codebooks}], got {list(a.shape)}")
+    if a.shape[0] < 1:
+        raise UsageError(f"{where}: holds no frames (shape {list(a.shape)})")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise UsageError(f"{where}: codes must be integers in [0, {codebook_size}), got dtype {a.dtype}")
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= codebook_size:
+        raise UsageError(f"{where}: codes must be integers in [0, {codebook_size}), found values in "
+                         f"[{lo}, {hi}]")
+    return a.astype(np.int32)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed."""
-    from ...artifacts.store import sha256_file
-
+    left, chunk = options.get("left-context"), options.get("chunk-frames")
+    if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
+        raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
     if checkpoint is None:
         checkpoint = ck.write_checkpoint(scratch / "demo-checkpoint")
     checkpoint = Path(checkpoint)
     ck.check_root_config(checkpoint)
     demo = ck.demo_label(checkpoint)
-    model = Qwen3TTS(checkpoint, demo, dict(options))
+    model = Qwen3TTS(checkpoint, demo, dict(options), demo_seed=ck.demo_seed(checkpoint) if demo else None)
     model.speech = ck.load_speech_tokenizer(checkpoint)
-    if model.left < 0 or model.chunk < 1:
-        raise UsageError("--left-context must be >= 0 and --chunk-frames >= 1")
-    files = sorted(p for p in checkpoint.rglob("*.safetensors"))
     model.info = {
         "path": str(checkpoint.resolve()),
         "label": demo or "user checkpoint",
         "demo": bool(demo),
-        "weights": [{"path": str(p.relative_to(checkpoint)), "sha256": sha256_file(p),
-                     "bytes": p.stat().st_size} for p in files],
+        "weights": weight_files(checkpoint),
         "config": {"code2wav": model.speech.config.to_json()},
         "options": {"left_context": model.left, "chunk_frames": model.chunk},
     }
