@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .artifacts import manifest as mf
-from .artifacts.store import Store
+from .artifacts import reproducibility as repro
+from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
+from .faults import crash_point
 from .recipes import load_callable
-from .targets import UNSUPPORTED_REASON, supports
+from .targets import UNSUPPORTED_REASON, check_precisions, supports
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
@@ -67,6 +69,7 @@ def plan(opts: RunOptions) -> Plan:
     for c in comps:
         opts.recipe.component(c)
     precisions = opts.precisions or opts.target.default_precisions
+    check_precisions(opts.target, precisions)
     formats = opts.formats or opts.target.formats
     for f in formats:
         if f not in opts.target.formats:
@@ -93,11 +96,37 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     progress = progress or Progress()
     the_plan = plan(opts)
     store = Store(opts.out)
-    store.begin(opts.recipe.name, opts.target.name, opts.force)
+    try:
+        store.begin(opts.recipe.name, opts.target.name, opts.force)
+    except OSError as e:
+        _raise_if_disk_full(e, opts.out, store.incomplete)
+        raise
+    if store.recovered is not None:
+        progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
+                      f"its files are rebuilt or removed")
+    try:
+        return _run(opts, the_plan, store, progress)
+    except BaseException as e:
+        _raise_if_disk_full(e, opts.out, store.abort())
+        raise
+
+
+def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
+    """A full disk is the user's to fix: one line, exit 2, wherever the exporters wrapped it."""
+    full = disk_full(e)
+    if full is not None:
+        where = getattr(full, "filename", None) or out
+        raise UsageError(f"disk full while writing {where}; free space and rerun"
+                         + (f" ({out} is marked incomplete)" if incomplete else "")) from e
+
+
+def _run(opts: RunOptions, the_plan: Plan, store: Store, progress: Progress) -> Result:
     started = time.time()
+    seeds = repro.seed_everything()
     loader = load_callable(opts.recipe.loader)
     with progress.stage("load checkpoint"):
         model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
+    crash_point("loaded")
     entries: list[dict] = []
     components: dict[str, dict] = {}
     by_comp: dict[str, list[BuildSpec]] = {}
@@ -107,12 +136,13 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
         components[comp_name] = _run_component(opts, model, comp_name, builds, store, entries, progress)
         gc.collect()
     manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
+    manifest["seeds"] = {**seeds, **getattr(model, "seeds", {})}
+    manifest["reproducibility"] = repro.declared(manifest)
     from .parity import report
 
     store.write_json("parity.json", report.parity_json(manifest))
     store.write_text("report.md", report.markdown(manifest))
-    store.write_json("manifest.json", manifest)
-    store.finish()
+    store.finish(manifest)
     missing = [c for c, info in components.items() if not info["accepted"]]
     return Result(manifest, 3 if missing else 0, opts.out)
 
@@ -146,6 +176,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
                              f"builds need at least {MIN_CALIBRATION} real inputs")
         traced = trace(graph, calib, heldout)
+        parity_inputs = store.put_bytes(f"parity-inputs/{comp_name}.npz", repro.parity_inputs_npz(traced))
+    crash_point("traced")
     timings["trace_s"] = round(time.time() - t0, 3)
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts))
@@ -169,6 +201,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
+        "parity_inputs": {**parity_inputs.to_json(), "samples": len(traced.heldout)},
         "rewrites": lowering.rewrite_report,
         "attribution": attribution,
         "timings": timings,
@@ -202,10 +235,13 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         with progress.stage(f"{spec.component}: lower {spec.format.value} {spec.precision.value}"):
             p.built = lowering.build(spec, staging)
     except Exception as e:  # a failed lowering is a rejected build with its reason, not a crash
+        if is_disk_full(e):
+            raise                        # ... unless the disk is full: that is no verdict on the model
         p.error = f"lowering failed: {_short(e)}"
         p.t_lower = time.time() - t0
         return p
     p.t_lower = time.time() - t0
+    crash_point("lowered")
     runner = p.built.runner
     key = runner.result_key
     if key and key in shared:
@@ -296,6 +332,8 @@ def _lower_attribution(opts, traced, builds, store: Store, pool, progress) -> di
                     row["runner"] = spec.label
                     rows.append((row, block, pool.submit(spec, block.heldout)))
                 except Exception as e:
+                    if is_disk_full(e):
+                        raise
                     row.update({"snr_db": None, "error": _short(e)})
                     rows.append((row, block, None))
         jobs[p.value] = rows
