@@ -30,7 +30,8 @@ def test_list_names_recipes_components_targets_precisions_formats():
     (["--gate", "fp16"], "--gate expects PRECISION=DB"),
     (["--rewrites", "magic"], "unknown rewrite 'magic'"),
     (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc"),
-    (["--target", "s25-htp", "--precision", "fp32", "--formats", "dlc"], "nothing to build"),
+    (["--target", "s25-htp", "--precision", "fp32", "--formats", "dlc"],
+     "target s25-htp cannot run fp32 (the HTP has no fp32 datapath); valid precisions for s25-htp: fp16, w8a16, w8a8"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(tmp_path, args, message):
     proc = run_cli("qwen3-tts", "--out", str(tmp_path / "o"), *args)

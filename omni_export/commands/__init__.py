@@ -1,0 +1,1 @@
+"""Subcommands beside the per-recipe ones (verify), and the click group's error handling."""
