@@ -245,3 +245,14 @@ def test_output_path_that_is_a_file_is_a_usage_error(tmp_path):
         Store(f).begin("r", "t", force=False)
     with pytest.raises(UsageError, match="not writable"):
         Store(f / "out").begin("r", "t", force=False)
+
+
+def test_an_unreadable_manifest_in_out_needs_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"tool": "omni-')
+    with pytest.raises(UsageError) as e:
+        Store(out).begin("r", "t", force=False)
+    assert str(e.value) == (f"{out}/manifest.json is not readable JSON; pass --force to replace that build or "
+                            f"choose another --out")
+    Store(out).begin("r", "t", force=True)
