@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import sys
 import time
@@ -12,6 +11,8 @@ import click
 
 from . import __version__
 from .commands import reports
+from .commands.group import OneLineErrors
+from .commands.verify import verify
 from .core import Format, Precision, UsageError
 from .parity.gate import parse_gates
 from .recipes import REGISTRY, get_recipe
@@ -79,7 +80,7 @@ def _csv(enum_cls, text: str | None) -> tuple:
     return tuple(enum_cls.parse(t) for t in text.split(",") if t.strip())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="omni-export")
 def main():
     """Export on-device speech and language models to ExecuTorch, ONNX and QNN, score every build
@@ -139,14 +140,10 @@ def _recipe_command(name: str) -> click.Command:
             reports.append_summary(summary_to, (result.out / "report.md").read_text())
         except UsageError as e:
             _fail(str(e), debug)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                _fail(f"disk full while writing {e.filename or 'the output'}; free space and rerun "
-                      f"(the output directory is marked incomplete)", debug)
-            raise
         except KeyboardInterrupt:
-            _fail("interrupted; the output directory is marked incomplete and the next run rebuilds it",
-                  debug, 130)
+            from .artifacts.store import interrupted_message
+
+            _fail(interrupted_message(Path(out) if out else Path("artifacts") / f"{name}-{target}"), debug, 130)
         m = result.manifest
         if as_json:
             click.echo(json.dumps({"out": str(result.out), "exit_code": result.exit_code,
@@ -270,6 +267,7 @@ for _name in REGISTRY:
     if get_recipe(_name).synth:
         synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
 reports.register(main)
+main.add_command(verify)
 
 
 if __name__ == "__main__":  # pragma: no cover

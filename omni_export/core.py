@@ -188,6 +188,9 @@ class Target:
     # HTP-safe graph rewrites applied to every graph built for this target's QNN path.
     rewrites: tuple[str, ...] = ()
     doc: str = ""
+    # Precisions the target's placement can run (empty: all), and why others cannot.
+    precisions: tuple[Precision, ...] = ()
+    precision_note: str = ""
 
     @property
     def has_htp(self) -> bool:

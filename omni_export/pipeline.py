@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .artifacts import manifest as mf
-from .artifacts.store import Store
+from .artifacts import reproducibility as repro
+from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
+from .faults import crash_point
 from .recipes import load_callable
-from .targets import UNSUPPORTED_REASON, supports
+from .targets import UNSUPPORTED_REASON, check_precisions, supports
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
@@ -72,6 +74,7 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
         if available is not None and c not in available:
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}")
     precisions = opts.precisions or opts.target.default_precisions
+    check_precisions(opts.target, precisions)
     formats = opts.formats or opts.target.formats
     for f in formats:
         if f not in opts.target.formats:
@@ -98,12 +101,38 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     progress = progress or Progress()
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
-    store.begin(opts.recipe.name, opts.target.name, opts.force)
+    try:
+        store.begin(opts.recipe.name, opts.target.name, opts.force)
+    except OSError as e:
+        _raise_if_disk_full(e, opts.out, store.incomplete)
+        raise
+    if store.recovered is not None:
+        progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
+                      f"its files are rebuilt or removed")
+    try:
+        return _run(opts, store, progress)
+    except BaseException as e:
+        _raise_if_disk_full(e, opts.out, store.abort())
+        raise
+
+
+def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
+    """A full disk is the user's to fix: one line, exit 2, wherever the exporters wrapped it."""
+    full = disk_full(e)
+    if full is not None:
+        where = getattr(full, "filename", None) or out
+        raise UsageError(f"disk full while writing {where}; free space and rerun"
+                         + (f" ({out} is marked incomplete)" if incomplete else "")) from e
+
+
+def _run(opts: RunOptions, store: Store, progress: Progress) -> Result:
     started = time.time()
+    seeds = repro.seed_everything()
     loader = load_callable(opts.recipe.loader)
     with progress.stage("load checkpoint"):
         model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
     the_plan = plan(opts, model.components() if hasattr(model, "components") else None)
+    crash_point("loaded")
     entries: list[dict] = []
     components: dict[str, dict] = {}
     by_comp: dict[str, list[BuildSpec]] = {}
@@ -115,13 +144,14 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
     manifest["end_to_end"] = _end_to_end(opts, model, manifest, progress)
     manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
+    manifest["seeds"] = {**seeds, **getattr(model, "seeds", {})}
+    manifest["reproducibility"] = repro.declared(manifest)
     manifest["timings"]["total_s"] = round(time.time() - started, 3)
     from .reports import write_reports
 
     with progress.stage("write parity.json, report.md, report.html"):
-        write_reports(store.root, manifest)
-    store.write_json("manifest.json", manifest)
-    store.finish()
+        write_reports(store.root, manifest, write=store.write_text)
+    store.finish(manifest)
     failed = manifest["summary"]["components_without_accepted_build"] or manifest["summary"]["end_to_end_failed"]
     return Result(manifest, 3 if failed else 0, opts.out)
 
@@ -175,6 +205,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
                              f"builds need at least {MIN_CALIBRATION} real inputs")
         traced = trace(graph, calib, heldout)
+        parity_inputs = store.put_bytes(f"parity-inputs/{comp_name}.npz", repro.parity_inputs_npz(traced))
+    crash_point("traced")
     timings["trace_s"] = round(time.time() - t0, 3)
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts))
@@ -206,10 +238,11 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                     "sha256": hash_arrays(traced.heldout)},
         "agreement_min": component.agreement_min,
         "tie_margins": dict(component.tie_margins),
+        "parity_inputs": {**parity_inputs.to_json(), "samples": len(traced.heldout)},
         "rewrites": lowering.rewrite_report,
         "attribution": attribution,
         "gated_outputs": list(component.gated_outputs),
-        "samples": keep_audio(store.root, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
+        "samples": keep_audio(store.put_bytes, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
         "timings": timings,
     }
 
@@ -241,10 +274,13 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         with progress.stage(f"{spec.component}: lower {spec.format.value} {spec.precision.value}"):
             p.built = lowering.build(spec, staging)
     except Exception as e:  # a failed lowering is a rejected build with its reason, not a crash
+        if is_disk_full(e):
+            raise                        # ... unless the disk is full: that is no verdict on the model
         p.error = f"lowering failed: {_short(e)}"
         p.t_lower = time.time() - t0
         return p
     p.t_lower = time.time() - t0
+    crash_point("lowered")
     runner = p.built.runner
     key = runner.result_key
     if key and key in shared:
@@ -285,7 +321,7 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         "files": [r.to_json() for r in records],
         "parity": _parity(verdict, runner),
         "details": p.built.details,
-        "samples": keep_audio(store.root, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
+        "samples": keep_audio(store.put_bytes, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
                               outputs, component.audio_outputs),
         "timings": {"lower_s": round(p.t_lower, 3), "run_wait_s": round(time.time() - p.t_submit, 3)},
     })
@@ -341,6 +377,8 @@ def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -
                     row["runner"] = spec.label
                     rows.append((row, block, pool.submit(spec, block.heldout)))
                 except Exception as e:
+                    if is_disk_full(e):
+                        raise
                     row.update({"snr_db": None, "error": _short(e)})
                     rows.append((row, block, None))
         jobs[p.value] = rows

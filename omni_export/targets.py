@@ -12,6 +12,8 @@ REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
+_HTP_PRECISIONS = (Precision.FP16, Precision.W8A16, Precision.W8A8)
+_HTP_NOTE = "the HTP has no fp32 datapath"
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -20,14 +22,14 @@ TARGETS: dict[str, Target] = {
             name="s25-htp", device="Samsung Galaxy S25 (Snapdragon 8 Elite), Hexagon NPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier"),
+            rewrites=("pow_mul", "act_barrier"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
             name="s24-htp", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3), Hexagon NPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier"),
+            rewrites=("pow_mul", "act_barrier"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
@@ -62,6 +64,16 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise UsageError(f"unknown target '{name}'; valid: {', '.join(TARGETS)}") from None
+
+
+def check_precisions(target: Target, precisions) -> None:
+    """A UsageError naming the valid ones when the target cannot run a requested precision."""
+    valid = target.precisions or tuple(Precision)
+    for p in precisions:
+        if p not in valid:
+            why = f" ({target.precision_note})" if target.precision_note else ""
+            raise UsageError(f"target {target.name} cannot run {p.value}{why}; valid precisions for "
+                             f"{target.name}: {', '.join(v.value for v in valid)}")
 
 
 def supports(fmt: Format, precision: Precision) -> bool:

@@ -53,6 +53,14 @@ def test_every_listed_file_exists_with_its_hash_and_rejected_ones_are_apart(demo
     assert not (out / ".incomplete").exists() and not (out / ".staging").exists()
 
 
+def test_verify_finds_the_demo_build_clean(demo_run):
+    """Every format, rejected builds, attribution and the demo checkpoint inside OUT: nothing unlisted."""
+    _, out = demo_run
+    proc = run_cli("verify", str(out))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.strip().endswith("listed files checked; clean")
+
+
 def test_demo_is_labelled_everywhere(demo_run):
     proc, out = demo_run
     assert read_manifest(out)["checkpoint"]["label"] == "demo, random weights"

@@ -213,7 +213,7 @@ class PredictorPrefill(nn.Module):
     def forward(self, past_hidden, code0):
         c = self.core
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
-        mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]])[None, None]
+        mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]], dtype=x.dtype)[None, None]
         hidden, keys, vals = c.decoder(x, c.cos[None, :2], c.sin[None, :2], mask)
         logits = torch.matmul(hidden[:, 1], c.heads[0].T)
         return (logits, *_interleave(keys, vals))
@@ -235,7 +235,7 @@ class PredictorDecode(nn.Module):
         cos = torch.index_select(c.cos, 0, pos)[None]
         sin = torch.index_select(c.sin, 0, pos)[None]
         valid = (self.slots <= step).float()                        # past slots 0..step
-        mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)])[None, None, None]
+        mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)]).to(x.dtype)[None, None, None]
         hidden, keys, vals = c.decoder(x, cos, sin, mask, past)
         head = torch.index_select(c.heads, 0, step.long()).reshape(c.vocab, -1)
         return (torch.matmul(hidden[:, 0], head.T), *_interleave(keys, vals))
@@ -273,7 +273,7 @@ class PredictorFrame(nn.Module):
             pos0 = 0 if s == 0 else s + 1
             cos, sin = c.cos[None, pos0:pos0 + n], c.sin[None, pos0:pos0 + n]
             total = pos0 + n
-            mask = torch.triu(torch.full((total, total), -100.0), diagonal=1)[None, None, pos0:total]
+            mask = torch.triu(torch.full((total, total), -100.0, dtype=x.dtype), diagonal=1)[None, None, pos0:total]
             past = None if keys is None else _interleave(keys, vals)
             hidden, k_new, v_new = c.decoder(x, cos, sin, mask, past)
             keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
