@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import sys
 import time
@@ -13,6 +12,8 @@ import click
 from . import __version__
 from .commands import hub as hub_cli
 from .commands import reports
+from .commands.group import OneLineErrors
+from .commands.verify import verify
 from .core import Format, Precision, UsageError
 from .parity.gate import parse_gates
 from .recipes import REGISTRY, get_recipe
@@ -80,7 +81,7 @@ def _csv(enum_cls, text: str | None) -> tuple:
     return tuple(enum_cls.parse(t) for t in text.split(",") if t.strip())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="omni-export")
 def main():
     """Export on-device speech and language models to ExecuTorch, ONNX and QNN, score every build
@@ -121,7 +122,7 @@ def list_cmd():
 def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
-    def callback(target, checkpoint, components, precision, formats, out, as_json, force, no_attribution,
+    def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, gate, quiet, debug, summary_to, **recipe_opts):
         from .pipeline import RunOptions, run
 
@@ -137,24 +138,22 @@ def _recipe_command(name: str) -> click.Command:
                 checkpoint=Path(checkpoint) if checkpoint else None, components=comps,
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
-                attribution=not no_attribution, rewrites=_rewrites(rewrites, tgt), force=force,
+                attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
                 jobs=jobs or default_jobs(), gates=parse_gates(gate))
-            hub = hub_cli.preflight(hub_opts, tgt)
+            pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
             with _native_stdout_to_stderr():
                 result = run(opts, console)
-                result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, hub, console)
+                result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, pre, console)
             reports.append_summary(summary_to, (result.out / "report.md").read_text())
         except UsageError as e:
             _fail(str(e), debug)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                _fail(f"disk full while writing {e.filename or 'the output'}; free space and rerun "
-                      f"(the output directory is marked incomplete)", debug)
-            raise
+        except hub_cli.HubInterrupted as e:
+            _fail(str(e), debug, 130)
         except KeyboardInterrupt:
-            _fail("interrupted; the output directory is marked incomplete and the next run rebuilds it",
-                  debug, 130)
+            from .artifacts.store import interrupted_message
+
+            _fail(interrupted_message(Path(out) if out else Path("artifacts") / f"{name}-{target}"), debug, 130)
         m = result.manifest
         if as_json:
             click.echo(json.dumps({"out": str(result.out), "exit_code": result.exit_code,
@@ -184,8 +183,10 @@ def _recipe_command(name: str) -> click.Command:
                      help=f"output directory [default: artifacts/{name}-TARGET]"),
         click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout"),
         click.Option(["--force"], is_flag=True, help="replace an output directory holding another build"),
-        click.Option(["--no-attribution"], is_flag=True,
-                     help="skip per-block fidelity attribution (faster; rejected builds then name no block)"),
+        click.Option(["--attribution"], type=click.Choice(["auto", "all", "off"]), default="auto", show_default=True,
+                     help="per-block fidelity (each block lowered alone, fed fp32 activations): auto runs it "
+                          "for the precisions that have a rejected build, to say which block lost the dB"),
+        click.Option(["--no-attribution"], is_flag=True, help="same as --attribution off"),
         click.Option(["--rewrites"], default=None, metavar="LIST",
                      help="HTP-safe graph rewrites: comma-separated names, or 'none' to see what they "
                           f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),
@@ -279,6 +280,7 @@ for _name in REGISTRY:
     if get_recipe(_name).synth:
         synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
 reports.register(main)
+main.add_command(verify)
 hub_cli.register(main)
 
 

@@ -195,6 +195,10 @@ class Samples:
 # Compute units a component can be placed on, and the AI Hub --compute_unit each one is.
 UNITS = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
 UNIT_NAMES = {"htp": "Hexagon NPU (HTP)", "gpu": "Adreno GPU", "cpu": "CPU"}
+# What each unit can run: the HTP has no fp32 datapath; the GPU runs float only.
+UNIT_PRECISIONS = {"htp": (Precision.FP16, Precision.W8A16, Precision.W8A8),
+                   "gpu": (Precision.FP32, Precision.FP16),
+                   "cpu": tuple(Precision)}
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,11 @@ class Placement:
     precisions: tuple[Precision, ...]           # the default ladder on this unit
     hub_runtimes: Mapping[Format, str] = field(default_factory=dict)
     doc: str = ""
+
+    @property
+    def runs(self) -> tuple[Precision, ...]:
+        """Every precision this unit can run (the ladder is the default subset)."""
+        return UNIT_PRECISIONS[self.unit]
 
     @property
     def hub_compute_unit(self) -> str:
@@ -231,6 +240,9 @@ class Target:
     # HTP-safe graph rewrites applied to every graph built for this target's QNN path.
     rewrites: tuple[str, ...] = ()
     doc: str = ""
+    # Precisions the target's placement can run (empty: all), and why others cannot.
+    precisions: tuple[Precision, ...] = ()
+    precision_note: str = ""
     # Where each component runs: {component name: Placement}; others use `default_placement`
     # (None: every format and the default ladder on the HTP, or the CPU for a target without one).
     placement: Mapping[str, Placement] = field(default_factory=dict)

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .artifacts import manifest as mf
-from .artifacts.store import Store
+from .artifacts import reproducibility as repro
+from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
+from .faults import crash_point
 from .recipes import load_callable
-from .targets import UNSUPPORTED_REASON, supports
+from .targets import UNSUPPORTED_REASON, check_precisions, supports
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
@@ -29,7 +31,7 @@ class RunOptions:
     precisions: tuple[Precision, ...] = ()
     formats: tuple[Format, ...] = ()
     recipe_options: dict = field(default_factory=dict)
-    attribution: bool = True
+    attribution: str = "auto"      # all | auto (precisions with a rejected build) | off
     rewrites: tuple[str, ...] | None = None     # None: the target's
     force: bool = False
     jobs: int = 2
@@ -71,6 +73,7 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
         opts.recipe.component(c)
         if available is not None and c not in available:
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}")
+    check_precisions(opts.target, opts.precisions or opts.target.default_precisions)
     for f in opts.formats:
         if f not in opts.target.formats:
             raise UsageError(f"target {opts.target.name} does not build {f.value}; its formats: "
@@ -84,6 +87,10 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,
                                     "reason": f"{c} runs on the {place.unit_name} on {opts.target.name}, "
                                               f"which takes {', '.join(x.value for x in place.formats)}"})
+                elif p not in place.runs:
+                    skipped.append({"component": c, "format": f.value, "precision": p.value,
+                                    "reason": f"{c} runs on the {place.unit_name} on {opts.target.name}, "
+                                              f"which runs {', '.join(x.value for x in place.runs)}"})
                 elif supports(f, p):
                     builds.append(BuildSpec(opts.recipe.name, c, f, p, opts.target.name))
                 else:
@@ -101,12 +108,38 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     progress = progress or Progress()
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
-    store.begin(opts.recipe.name, opts.target.name, opts.force)
+    try:
+        store.begin(opts.recipe.name, opts.target.name, opts.force)
+    except OSError as e:
+        _raise_if_disk_full(e, opts.out, store.incomplete)
+        raise
+    if store.recovered is not None:
+        progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
+                      f"its files are rebuilt or removed")
+    try:
+        return _run(opts, store, progress)
+    except BaseException as e:
+        _raise_if_disk_full(e, opts.out, store.abort())
+        raise
+
+
+def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
+    """A full disk is the user's to fix: one line, exit 2, wherever the exporters wrapped it."""
+    full = disk_full(e)
+    if full is not None:
+        where = getattr(full, "filename", None) or out
+        raise UsageError(f"disk full while writing {where}; free space and rerun"
+                         + (f" ({out} is marked incomplete)" if incomplete else "")) from e
+
+
+def _run(opts: RunOptions, store: Store, progress: Progress) -> Result:
     started = time.time()
+    seeds = repro.seed_everything()
     loader = load_callable(opts.recipe.loader)
     with progress.stage("load checkpoint"):
         model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
     the_plan = plan(opts, model.components() if hasattr(model, "components") else None)
+    crash_point("loaded")
     entries: list[dict] = []
     components: dict[str, dict] = {}
     by_comp: dict[str, list[BuildSpec]] = {}
@@ -118,13 +151,14 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
     manifest["end_to_end"] = _end_to_end(opts, model, manifest, progress)
     manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
+    manifest["seeds"] = {**seeds, **getattr(model, "seeds", {})}
+    manifest["reproducibility"] = repro.declared(manifest)
     manifest["timings"]["total_s"] = round(time.time() - started, 3)
     from .reports import write_reports
 
     with progress.stage("write parity.json, report.md, report.html"):
-        write_reports(store.root, manifest)
-    store.write_json("manifest.json", manifest)
-    store.finish()
+        write_reports(store.root, manifest, write=store.write_text)
+    store.finish(manifest)
     failed = manifest["summary"]["components_without_accepted_build"] or manifest["summary"]["end_to_end_failed"]
     return Result(manifest, 3 if failed else 0, opts.out)
 
@@ -179,7 +213,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
                              f"builds need at least {MIN_CALIBRATION} real inputs")
         traced = trace(graph, calib, heldout)
-        kept = inputs.keep_inputs(store.root, traced)   # for hub submit and verify --rescore
+        parity_inputs = store.put_bytes(f"parity-inputs/{comp_name}.npz", repro.parity_inputs_npz(traced))
+    crash_point("traced")
     timings["trace_s"] = round(time.time() - t0, 3)
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts))
@@ -189,11 +224,17 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         shared: dict = {}
         pending = [_lower_build(spec, _gate(opts, component, spec.precision), lowering, traced, store,
                                 pool, shared, progress) for spec in builds]
-        attribution_jobs = _lower_attribution(opts, traced, builds, store, pool, progress) if opts.attribution else {}
+        early = _attribution_precisions(builds) if opts.attribution == "all" else []
+        attribution_jobs = _lower_attribution(opts, traced, early, store, pool, progress)
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
+        if opts.attribution == "auto":     # explain the rejections only
+            late = [p for p in _attribution_precisions(builds)
+                    if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte"
+                           for e in comp_entries)]
+            attribution_jobs = _lower_attribution(opts, traced, late, store, pool, progress)
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
     _link_attribution(comp_entries, attribution)
-    kept["sources"] = inputs.keep_sources(store.root, opts.recipe.name, opts.target, lowering, comp_entries)
+    kept = inputs.keep_for_hub(store, opts.recipe.name, opts.target, lowering, comp_entries)
     entries.extend(comp_entries)
     timings["total_s"] = round(time.time() - t0, 3)
     return {
@@ -204,13 +245,14 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
-        **kept,                                          # parity_inputs, calibration_inputs, sources
         "agreement_min": component.agreement_min,
         "tie_margins": dict(component.tie_margins),
+        "parity_inputs": {**parity_inputs.to_json(), "samples": len(traced.heldout)},
+        **kept,                                          # sources, calibration_inputs: for AI Hub
         "rewrites": lowering.rewrite_report,
         "attribution": attribution,
         "gated_outputs": list(component.gated_outputs),
-        "samples": keep_audio(store.root, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
+        "samples": keep_audio(store.put_bytes, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
         "timings": timings,
     }
 
@@ -242,10 +284,13 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         with progress.stage(f"{spec.component}: lower {spec.format.value} {spec.precision.value}"):
             p.built = lowering.build(spec, staging)
     except Exception as e:  # a failed lowering is a rejected build with its reason, not a crash
+        if is_disk_full(e):
+            raise                        # ... unless the disk is full: that is no verdict on the model
         p.error = f"lowering failed: {_short(e)}"
         p.t_lower = time.time() - t0
         return p
     p.t_lower = time.time() - t0
+    crash_point("lowered")
     runner = p.built.runner
     key = runner.result_key
     if key and key in shared:
@@ -286,7 +331,7 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         "files": [r.to_json() for r in records],
         "parity": _parity(verdict, runner),
         "details": p.built.details,
-        "samples": keep_audio(store.root, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
+        "samples": keep_audio(store.put_bytes, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
                               outputs, component.audio_outputs),
         "timings": {"lower_s": round(p.t_lower, 3), "run_wait_s": round(time.time() - p.t_submit, 3)},
     })
@@ -313,16 +358,19 @@ def _short(e: Exception) -> str:
 
 # ------------------------------------------------------------------------------------- attribution
 
-def _lower_attribution(opts, traced, builds, store: Store, pool, progress) -> dict:
+def _attribution_precisions(builds) -> list[Precision]:
+    return sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
+
+
+def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -> dict:
     """Per precision: lower each block alone for the target's main runner and queue its run.
 
     Each block is fed the fp32 activations the full graph produced in front of it, so its score
     is the loss that block adds by itself (not the loss it inherits)."""
     from .exporters.lower import Lowering
-    from .trace import trace_blocks
+    from .trace import BlockChain, trace_blocks
 
-    precisions = sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
-    if not precisions:
+    if not precisions or not isinstance(traced.module, BlockChain):
         return {}
     with progress.stage(f"{traced.name}: capture block activations"):
         blocks = trace_blocks(traced, heldout_limit=ATTRIBUTION_SAMPLES)
@@ -339,6 +387,8 @@ def _lower_attribution(opts, traced, builds, store: Store, pool, progress) -> di
                     row["runner"] = spec.label
                     rows.append((row, block, pool.submit(spec, block.heldout)))
                 except Exception as e:
+                    if is_disk_full(e):
+                        raise
                     row.update({"snr_db": None, "error": _short(e)})
                     rows.append((row, block, None))
         jobs[p.value] = rows

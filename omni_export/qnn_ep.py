@@ -42,8 +42,8 @@ def provider_options(soc_model: str, htp_arch: str, *, fp16: bool) -> dict:
     return opts
 
 
-def session(model: Path, options: dict, config: dict | None = None, log_severity: int = 3):
-    """An InferenceSession on the QNN EP only (no CPU fallback)."""
+def session(model: Path | bytes, options: dict, config: dict | None = None, log_severity: int = 3):
+    """An InferenceSession on the QNN EP only (no CPU fallback); `model` is a path or ONNX bytes."""
     ort, _ = _register()
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:
@@ -54,7 +54,14 @@ def session(model: Path, options: dict, config: dict | None = None, log_severity
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
-    return ort.InferenceSession(str(model), sess_options=so)
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=so)
+
+
+def _compile_source(model: Path) -> Path | bytes:
+    """Compile from the model's bytes when its weights are inline: ONNX Runtime then names the QNN
+    graph from the model's content, not from its path, so the same model compiled in another
+    directory gives the same graph name (and the same EPContext wrapper bytes)."""
+    return model if model.with_name(model.name + ".data").exists() else model.read_bytes()
 
 
 def compile_dlc(model: Path, out_dir: Path, options: dict) -> Path:
@@ -64,7 +71,7 @@ def compile_dlc(model: Path, out_dir: Path, options: dict) -> Path:
     before = set(out_dir.glob("*.dlc"))
     opts = dict(options, dump_qnn_ir_dlc="1", dump_qnn_ir_dlc_dir=str(out_dir),
                 qnn_ir_backend_path=os.path.join(oq.LIB_DIR_FULL_PATH, "libQnnIr.so"))
-    sess = session(model, opts)
+    sess = session(_compile_source(model), opts)
     del sess
     new = sorted(set(out_dir.glob("*.dlc")) - before)
     if len(new) != 1:
@@ -77,7 +84,7 @@ def compile_context(model: Path, ctx_onnx: Path, options: dict) -> tuple[Path, P
     """Compile a context binary; returns (EPContext .onnx wrapper, *_qnn.bin binary)."""
     ctx_onnx.parent.mkdir(parents=True, exist_ok=True)
     cfg = {"ep.context_enable": "1", "ep.context_file_path": str(ctx_onnx), "ep.context_embed_mode": "0"}
-    sess = session(model, options, cfg)
+    sess = session(_compile_source(model), options, cfg)
     del sess
     bins = sorted(ctx_onnx.parent.glob(ctx_onnx.stem + "*.bin"))
     if not ctx_onnx.exists() or len(bins) != 1:

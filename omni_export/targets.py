@@ -12,6 +12,8 @@ REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
+_HTP_PRECISIONS = (Precision.FP16, Precision.W8A16, Precision.W8A8)
+_HTP_NOTE = "the HTP has no fp32 datapath"
 
 # What AI Hub compiles each local format's device build for (--target_runtime). The ONNX build
 # becomes ONNX Runtime with a precompiled QNN context (what an app using ORT ships), the DLC the
@@ -30,6 +32,8 @@ _ADRENO = Placement("gpu", (Format.ONNX,), (Precision.FP32,), {Format.ONNX: "qnn
                         "ONNX Runtime CPU at the same precision as a proxy (QNN's GPU backend does not "
                         "run on x86)")
 _VOCODER_ON_GPU = {"code2wav": _ADRENO}
+_HET_PRECISIONS = (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8)
+_HET_NOTE = "fp32 runs on the Adreno GPU only (the HTP has no fp32 datapath)"
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -38,28 +42,32 @@ TARGETS: dict[str, Target] = {
             name="s25-htp", device="Samsung Galaxy S25 (Snapdragon 8 Elite), Hexagon NPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier"), default_placement=_HTP_ALL,
+            rewrites=("pow_mul", "act_barrier"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
+            default_placement=_HTP_ALL,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
             name="s24-htp", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3), Hexagon NPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier"), default_placement=_HTP_ALL,
+            rewrites=("pow_mul", "act_barrier"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
+            default_placement=_HTP_ALL,
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
         Target(
             name="s25", device="Samsung Galaxy S25 (Snapdragon 8 Elite): Hexagon NPU + Adreno GPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=(Format.ONNX, Format.DLC, Format.CTX),
             default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier"), placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
+            rewrites=("pow_mul", "act_barrier"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
+            placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
             doc="talker and predictor on the NPU at fp16, Code2Wav on the Adreno GPU at fp32",
         ),
         Target(
             name="s24", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3): Hexagon NPU + Adreno GPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=(Format.ONNX, Format.DLC, Format.CTX),
             default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier"), placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
+            rewrites=("pow_mul", "act_barrier"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
+            placement=_VOCODER_ON_GPU, default_placement=_LM_NPU,
             doc="talker and predictor on the NPU at fp16, Code2Wav on the Adreno GPU at fp32",
         ),
         Target(
@@ -94,6 +102,16 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise UsageError(f"unknown target '{name}'; valid: {', '.join(TARGETS)}") from None
+
+
+def check_precisions(target: Target, precisions) -> None:
+    """A UsageError naming the valid ones when the target cannot run a requested precision."""
+    valid = target.precisions or tuple(Precision)
+    for p in precisions:
+        if p not in valid:
+            why = f" ({target.precision_note})" if target.precision_note else ""
+            raise UsageError(f"target {target.name} cannot run {p.value}{why}; valid precisions for "
+                             f"{target.name}: {', '.join(v.value for v in valid)}")
 
 
 def supports(fmt: Format, precision: Precision) -> bool:

@@ -7,6 +7,8 @@ checkpoints written for the demo and the tests. Pickles are never loaded.
 from __future__ import annotations
 
 import json
+import math
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +35,59 @@ TensorTable = Mapping[str, TensorDecl]
 
 
 def refuse_pickles(directory: Path, stem: str = "model") -> None:
-    for suffix in PICKLE_SUFFIXES:
-        p = directory / f"{stem}{suffix}"
-        if p.exists() and not (directory / f"{stem}.safetensors").exists():
-            raise UsageError(
-                f"{p} is a pickle checkpoint; omni-export never unpickles (a pickle can run code). "
-                f"Convert it to safetensors (e.g. save_pretrained(..., safe_serialization=True))")
+    """Refuse a directory whose weights are only pickles (model.bin, pytorch_model.bin, *.pt ...)."""
+    if (directory / f"{stem}.safetensors").exists():
+        return
+    pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES) if directory.is_dir() else []
+    if pickles:
+        raise UsageError(
+            f"{pickles[0]} is a pickle checkpoint; omni-export never unpickles (a pickle can run code). "
+            f"Convert it to safetensors (e.g. save_pretrained(..., safe_serialization=True))")
+
+
+def require_regular_file(path: Path, what: str) -> None:
+    """Refuse FIFOs, devices and directories before opening (a FIFO would block forever)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        kind = "a broken symlink" if path.is_symlink() else "missing"
+        raise UsageError(f"{what} {path} is {kind}") from None
+    except OSError as e:
+        raise UsageError(f"{what} {path} cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what} {path} is not a regular file")
+
+
+def weight_files(checkpoint: Path) -> list[dict]:
+    """sha256 and size of every .safetensors under a checkpoint, for the manifest. Symlinks are
+    followed (the Hugging Face cache links snapshot files to blobs/ outside the snapshot); the
+    resolved path is recorded for each one, and `outside_checkpoint` when it leaves the directory."""
+    from .artifacts.store import sha256_file
+
+    root = checkpoint.resolve()
+    out = []
+    for p in sorted(checkpoint.rglob("*.safetensors")):
+        require_regular_file(p, "weight file")
+        entry = {"path": p.relative_to(checkpoint).as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+        real = p.resolve()
+        if p.is_symlink() or real != root / p.relative_to(checkpoint):
+            entry["resolved"] = str(real)
+            entry["outside_checkpoint"] = root not in real.parents
+        out.append(entry)
+    return out
+
+
+def _sniff_pickle(path: Path, head: bytes) -> None:
+    """Called once the file has failed to parse as safetensors: name a pickle if it looks like one."""
+    if head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05") or head[:4] == b"PK\x03\x04":
+        raise UsageError(f"{path} is a pickle / torch.save archive named .safetensors; omni-export never "
+                         f"unpickles (a pickle can run code). Convert it to real safetensors")
 
 
 def read_header(path: Path) -> dict:
     """Parse a safetensors header with our own checks, so a corrupt file gives our error."""
+    require_regular_file(path, "weight file")
+    raw = b""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -53,35 +98,46 @@ def read_header(path: Path) -> dict:
             if n <= 1 or n > min(size - 8, 100 * 2**20):
                 raise ValueError(f"header length {n} does not fit the file ({size} bytes)")
             header = json.loads(f.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: not a readable safetensors file ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        _sniff_pickle(path, raw)
+        raise UsageError(f"{path}: not a readable safetensors file ({_first_line(e)}); truncated or "
+                         f"corrupted download?") from None
     if not isinstance(header, dict):
         raise UsageError(f"{path}: safetensors header is not a JSON object")
     data_len = size - 8 - n
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = info["data_offsets"]
-            shape = [int(d) for d in info["shape"]]
-            dtype = info["dtype"]
-        except (TypeError, KeyError, ValueError):
-            raise UsageError(f"{path}: malformed entry for tensor '{name}' in the header") from None
-        itemsize = np.dtype(_ST_DTYPES[dtype]).itemsize if _ST_DTYPES.get(dtype) else (2 if dtype == "BF16" else None)
-        if itemsize is None:
-            raise UsageError(f"{path}: tensor '{name}' has unsupported dtype {dtype}")
-        if not (0 <= begin <= end <= data_len) or end - begin != itemsize * int(np.prod(shape)):
-            raise UsageError(f"{path}: tensor '{name}' lies outside the file or has the wrong size "
-                             f"(truncated or corrupted download?)")
+        _check_entry(path, name, info, data_len)
     return header
+
+
+def _check_entry(path: Path, name: str, info, data_len: int) -> None:
+    try:
+        begin, end = info["data_offsets"]
+        shape = info["shape"]
+        dtype = info["dtype"]
+        ok = (all(type(v) is int for v in (begin, end)) and isinstance(shape, list)
+              and all(type(d) is int and d >= 0 for d in shape) and isinstance(dtype, str))
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise UsageError(f"{path}: malformed entry for tensor '{name}' in the header")
+    itemsize = 2 if dtype == "BF16" else (np.dtype(_ST_DTYPES[dtype]).itemsize if _ST_DTYPES.get(dtype) else None)
+    if itemsize is None:
+        raise UsageError(f"{path}: tensor '{name}' has unsupported dtype {dtype}")
+    if not (0 <= begin <= end <= data_len) or end - begin != itemsize * math.prod(shape):
+        raise UsageError(f"{path}: tensor '{name}' lies outside the file or has the wrong size "
+                         f"(truncated or corrupted download?)")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_finite: bool = True) -> dict:
     """Load the tensors `table` declares (names relative to `prefix`) as fp32 torch tensors."""
-    import torch
-    from safetensors import safe_open
-
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(f"missing weight file {path}")
     header = read_header(path)
     missing = [n for n, d in table.items() if d.required and prefix + n not in header]
@@ -89,16 +145,27 @@ def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_fini
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise UsageError(f"{path}: tensor '{prefix + missing[0]}' is missing{more}; "
                          f"is this the right checkpoint for this recipe?")
+    for name, decl in table.items():
+        full = prefix + name
+        if full in header and tuple(header[full]["shape"]) != tuple(decl.shape):
+            raise UsageError(f"{path}: tensor '{full}' has shape {list(header[full]['shape'])}, expected "
+                             f"{list(decl.shape)} from the config")
+    try:
+        return _read_tensors(path, [n for n in table if prefix + n in header], prefix, check_finite)
+    except UsageError:
+        raise
+    except Exception as e:   # the safetensors library's own checks (offsets, metadata, dtype)
+        raise UsageError(f"{path}: not a valid safetensors file ({_first_line(e)})") from None
+
+
+def _read_tensors(path: Path, names: list[str], prefix: str, check_finite: bool) -> dict:
+    import torch
+    from safetensors import safe_open
+
     out = {}
     with safe_open(str(path), framework="pt") as f:
-        for name, decl in table.items():
+        for name in names:
             full = prefix + name
-            if full not in header:
-                continue
-            found = tuple(header[full]["shape"])
-            if found != tuple(decl.shape):
-                raise UsageError(f"{path}: tensor '{full}' has shape {list(found)}, expected "
-                                 f"{list(decl.shape)} from the config")
             t = f.get_tensor(full).to(torch.float32)
             if check_finite and not torch.isfinite(t).all():
                 bad = int((~torch.isfinite(t)).sum())

@@ -36,3 +36,16 @@ def read_manifest(out: Path) -> dict:
 
 def builds_by(manifest: dict) -> dict:
     return {(b["component"], b["format"], b["precision"]): b for b in manifest["builds"]}
+
+
+# Every format at fp16 on the fast geometry, no attribution: shared by the verify and
+# reproducibility tests (read-only: copy it before changing anything).
+ALL_FORMATS_FP16 = ["qwen3-tts", "--target", "s25-htp", "--formats", "onnx,dlc,ctx,pte", "--precision", "fp16",
+                    "--no-attribution", "-q", *FAST]
+
+
+@pytest.fixture(scope="session")
+def fp16_build(tmp_path_factory, tiny_checkpoint) -> Path:
+    out = tmp_path_factory.mktemp("fp16_build") / "out"
+    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True)
+    return out

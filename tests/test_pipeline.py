@@ -53,6 +53,14 @@ def test_every_listed_file_exists_with_its_hash_and_rejected_ones_are_apart(demo
     assert not (out / ".incomplete").exists() and not (out / ".staging").exists()
 
 
+def test_verify_finds_the_demo_build_clean(demo_run):
+    """Every format, rejected builds, attribution and the demo checkpoint inside OUT: nothing unlisted."""
+    _, out = demo_run
+    proc = run_cli("verify", str(out))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.strip().endswith("listed files checked; clean")
+
+
 def test_demo_is_labelled_everywhere(demo_run):
     proc, out = demo_run
     assert read_manifest(out)["checkpoint"]["label"] == "demo, random weights"
@@ -75,14 +83,18 @@ def test_provenance_and_calibration_are_recorded(demo_run):
     assert q["details"]["calibration_samples"] == comp["calibration"]["count"]
 
 
-def test_attribution_scores_every_block_on_the_simulator(demo_run):
+def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
+    """Default --attribution auto: the blocks of a precision with a rejected build are lowered alone
+    and scored on the simulator; a precision whose builds all pass is not re-examined."""
     _, out = demo_run
-    att = read_manifest(out)["components"]["code2wav"]["attribution"]
-    names = [r["block"] for r in att["fp16"]]
+    m = read_manifest(out)
+    att = m["components"]["code2wav"]["attribution"]
+    rejected = {b["precision"] for b in m["builds"] if b["status"] == "rejected" and b["format"] != "pte"}
+    assert set(att) == rejected and "w8a16" in rejected
+    names = [r["block"] for r in att["w8a16"]]
     assert names[0] == "rvq" and names[-1] == "decoder.out" and "pre_transformer" in names
-    assert all(r["snr_db"] is not None and r["snr_db"] > 40 for r in att["fp16"])
-    assert "HTP simulator" in att["fp16"][0]["runner"]
-    assert len(att["w8a16"]) == len(names)
+    assert all(r["snr_db"] is not None for r in att["w8a16"])
+    assert "HTP simulator" in att["w8a16"][0]["runner"]
 
 
 def test_rejected_reasons_name_the_weakest_block(demo_run):

@@ -24,29 +24,39 @@ def heldout_index(count: int) -> int:
     return count - 1
 
 
-def keep_audio(root: Path, stem: str, outputs: Sequence[dict], audio: Mapping[str, int]) -> list[dict]:
-    """Write each audio output of one held-out sample to samples/{stem}-{output}.wav; return records."""
+def keep_audio(put, stem: str, outputs: Sequence[dict], audio: Mapping[str, int]) -> list[dict]:
+    """Write each audio output of one held-out sample to samples/{stem}-{output}.wav through
+    `put(relpath, bytes) -> FileRecord` (the store's, so the run's journal knows the file, or a
+    directory to write into directly); return records."""
     if not audio or not outputs:
         return []
+    if isinstance(put, (str, Path)):
+        put = _direct(Path(put))
     i = heldout_index(len(outputs))
-    return [_write(root, f"{SAMPLES_DIR}/{stem}-{name}.wav", outputs[i][name], rate, name, i)
+    return [_write(put, f"{SAMPLES_DIR}/{stem}-{name}.wav", outputs[i][name], rate, name, i)
             for name, rate in audio.items()]
 
 
-def _write(root: Path, rel: str, array, rate: int, output: str, index: int) -> dict:
+def _direct(root: Path):
+    def put(rel: str, data: bytes):
+        path = root / rel
+        atomic_write_bytes(path, data)
+        return type("Rec", (), {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+    return put
+
+
+def _write(put, rel: str, array, rate: int, output: str, index: int) -> dict:
     from scipy.io import wavfile
 
     clip = as_channels(array)
     buf = io.BytesIO()
     wavfile.write(buf, int(rate), clip.T if clip.shape[0] > 1 else clip[0])
-    path = Path(root) / rel
-    atomic_write_bytes(path, buf.getvalue())
+    rec = put(rel, buf.getvalue())
     finite = clip[np.isfinite(clip)]
-    return {"output": output, "path": rel, "sample_rate": int(rate), "heldout_index": index,
+    return {"output": output, "path": rec.path, "sample_rate": int(rate), "heldout_index": index,
             "channels": int(clip.shape[0]), "seconds": round(clip.shape[1] / rate, 4),
             "peak": round(float(np.abs(finite).max()), 6) if finite.size else None,
-            "finite": bool(finite.size == clip.size),
-            "sha256": sha256_file(path), "bytes": path.stat().st_size}
+            "finite": bool(finite.size == clip.size), "sha256": rec.sha256, "bytes": rec.bytes}
 
 
 def as_channels(array) -> np.ndarray:

@@ -1,1 +1,1 @@
-"""Subcommands that live outside cli.py; each module has a register(group) function."""
+"""Subcommands that live outside cli.py (reports, verify, ...), and the click group's error handling."""

@@ -106,16 +106,17 @@ def devices_cmd(name, attributes, as_json, debug):
               help="stop waiting after this long (jobs keep running; rerun to keep waiting); 0 submits only")
 @click.option("--components", default=None, help="comma-separated components to submit [default: all]")
 @click.option("--formats", default=None, help="comma-separated formats to submit [default: all AI Hub takes]")
+@click.option("--precisions", default=None, help="comma-separated precisions to submit [default: all]")
 @click.option("--json", "as_json", is_flag=True, help="print the hub summary as JSON")
 @click.option("--quiet", "-q", is_flag=True, help="no progress output")
 @summary_option
 @debug_option
-def submit_cmd(out_dir, device, qairt_version, quantize_on, resubmit, timeout, components, formats, as_json,
-               quiet, summary_to, debug):
+def submit_cmd(out_dir, device, qairt_version, quantize_on, resubmit, timeout, components, formats, precisions,
+               as_json, quiet, summary_to, debug):
     """Compile, profile and run the accepted builds of OUT_DIR on a phone through AI Hub, and gate
     the phone's outputs with the same metrics and gates as the local builds.
 
-    Every job id and URL is written to OUT_DIR/hub/jobs.json and manifest.json as soon as it
+    Every job id and URL is written to OUT_DIR/manifest.json (atomically) as soon as it
     exists; a rerun waits on the recorded jobs instead of submitting them again.
 
     Exit codes: 0 every submitted component has a build accepted on the device; 2 bad input
@@ -125,7 +126,8 @@ def submit_cmd(out_dir, device, qairt_version, quantize_on, resubmit, timeout, c
     from ..hub.stage import SubmitOptions, submit
 
     opts = SubmitOptions(device=device, qairt=qairt_version, quantize_on=quantize_on, resubmit=resubmit,
-                         timeout_s=timeout, components=_csv(components), formats=_csv(formats))
+                         timeout_s=timeout, components=_csv(components), formats=_csv(formats),
+                         precisions=_csv(precisions))
     hub = Hub()
     with _errors(debug)(hub.redact):
         outcome = submit(out_dir, opts, _Progress(quiet or as_json), hub)
@@ -171,47 +173,106 @@ def _print_outcome(outcome, as_json: bool, summary_to: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the jobs as JSON")
 @debug_option
 def status_cmd(out_dir, refresh, as_json, debug):
-    """The AI Hub jobs recorded for OUT_DIR: build, kind, job id, state, URL and failure messages."""
+    """The AI Hub jobs recorded in OUT_DIR/manifest.json: build, kind, job id, state, URL and
+    failure messages. Reads the manifest only (--refresh also asks AI Hub); never submits."""
     from pathlib import Path
 
-    from ..core import UsageError
     from ..hub import records
-    from ..hub.client import Hub
 
-    hub = Hub() if refresh else None
-    with _errors(debug)(hub.redact if hub else (lambda s: s)):
+    hub = None
+    with _errors(debug)(lambda s: hub.redact(s) if hub else s):
         root = Path(out_dir)
-        if not (root / "manifest.json").exists():
-            raise UsageError(f"{root}: no manifest.json; not a build directory")
-        record = records.load(root)
-        if record is None:
-            raise UsageError(f"{root} has no AI Hub jobs (hub/jobs.json); submit with "
-                             f"`omni-export hub submit {root}`")
-        live = _live_states(hub.connect(), record) if refresh else {}
-    rows = [{"build": key, "state": records.build_state(b), "kind": s["kind"], "id": s.get("id"),
+        m = _read_manifest(root)
+        if not m.get("hub") or not records.submitted(m):
+            raise _usage(f"{root} has no AI Hub jobs; submit its accepted builds with "
+                         f"`omni-export hub submit {root}`")
+        if refresh:
+            from ..hub.client import Hub
+
+            hub = Hub().connect()
+        live = _live_states(hub, m) if refresh else {}
+    section = m["hub"]
+    rows = [{"build": key, "state": records.build_state(rec), "kind": s["kind"], "id": s.get("id"),
              "job_state": live.get(s.get("id")) or s.get("status") or s["state"], "url": s.get("url"),
              "message": s.get("message"), "attempt": s.get("attempt")}
-            for key, b in record["builds"].items() for s in b.get("steps", [])]
+            for key, rec in records.submitted(m).items() for s in rec.get("steps", [])]
+    run = _hub_run(root)
     if as_json:
-        click.echo(json.dumps({"client": record["client"], "device": record["device"],
-                               "qairt_version": record["qairt_version"], "jobs": rows,
-                               "summary": records.summary(record)}, indent=2))
+        click.echo(json.dumps({"client": section["client"], "device": section["device"],
+                               "qairt_version": section["qairt_version"], "jobs": rows, "run": run,
+                               "summary": records.summary(m)}, indent=2))
         return
-    click.echo(f"{record['client']} · {record['device']['name']} · QAIRT {record['qairt_version']['pinned']}"
+    click.echo(f"{section['client']} · {section['device']['name']} · QAIRT {section['qairt_version']['pinned']}"
                + (" · live states" if refresh else " · recorded states (--refresh asks AI Hub)"))
     for r in rows:
         msg = f"  {r['message']}" if r["message"] else ""
-        click.echo(f"{r['build']:36s} {r['kind']:9s} {r['id'] or '(not created)':14s} {r['job_state']:24s} "
+        click.echo(f"{r['build']:34s} {r['kind']:9s} {r['id'] or '(not created)':14s} {r['job_state']:28s} "
                    f"{r['url'] or ''}{msg}")
-    s = records.summary(record)
+    s = records.summary(m)
     click.echo(f"{s['builds']} build(s): {s['accepted_on_device']} accepted on the device, "
-               f"{s['rejected_on_device']} rejected, {s['failed']} failed, {s['waiting']} waiting")
+               f"{s['rejected_on_device']} rejected on the device, {s['failed']} failed, {s['waiting']} waiting")
+    if run:
+        click.echo(run)
 
 
-def _live_states(hub, record: dict) -> dict:
+def _usage(text: str):
+    from ..core import UsageError
+
+    return UsageError(text)
+
+
+def _read_manifest(root):
+    """The manifest of OUT as it is now (also while a `hub submit` runs: it is rewritten atomically)."""
+    from ..artifacts.store import MARKER, is_ours
+
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise _usage(f"{root}: no manifest.json; not a build directory")
+    try:
+        m = json.loads(path.read_text())
+    except ValueError as e:
+        raise _usage(f"{path} is not valid JSON ({e})") from None
+    if not is_ours(m):
+        raise _usage(f"{path} is not an omni-export manifest")
+    if (root / MARKER).exists() and _marker(root).get("mode") != "hub":
+        raise _usage(f"{root} holds an unfinished build (.incomplete); rerun the build")
+    return m
+
+
+def _marker(root) -> dict:
+    from ..artifacts.store import Store
+
+    return Store(root).read_marker() or {}
+
+
+def _hub_run(root) -> str:
+    """A line about a `hub submit` that is running here, or was killed."""
+    import os
+
+    from ..artifacts.store import MARKER
+
+    if not (root / MARKER).exists():
+        return ""
+    pid = _marker(root).get("pid")
+    try:
+        os.kill(int(pid), 0)
+        alive = True
+    except (TypeError, ValueError, ProcessLookupError):
+        alive = False
+    except PermissionError:
+        alive = True
+    if alive:
+        return f"a `hub submit` is running here (pid {pid}); these are the states it last recorded"
+    return (f"a `hub submit` here was interrupted; `omni-export hub submit {root}` resumes it "
+            f"(recorded jobs are waited on, not submitted again)")
+
+
+def _live_states(hub, m: dict) -> dict:
+    from ..hub import records
+
     out = {}
-    for b in record["builds"].values():
-        for s in b.get("steps", []):
+    for rec in records.submitted(m).values():
+        for s in rec.get("steps", []):
             if s.get("id"):
                 out[s["id"]] = hub.status(hub.get_job(s["id"])).code
     return out
@@ -255,10 +316,18 @@ def take_options(kwargs: dict) -> BuildHubOptions | None:
     return opts if enabled else None
 
 
-def preflight(opts: BuildHubOptions | None, target):
-    """Before building: the token works and the device exists (fail in seconds, not after the build)."""
+@dataclass
+class Preflight:
+    hub: object                          # a connected hub.client.Hub
+    previous: dict | None                # the manifest OUT held before this build (its AI Hub jobs)
+
+
+def preflight(opts: BuildHubOptions | None, target, out):
+    """Before building: the token works and the device exists (fail in seconds, not after the
+    build), and the AI Hub jobs OUT already records (a rerun adopts them instead of resubmitting)."""
     if opts is None:
         return None
+    from ..artifacts.store import Store
     from ..hub.client import Hub, HubUsageError
 
     hub = Hub().connect()
@@ -266,17 +335,32 @@ def preflight(opts: BuildHubOptions | None, target):
     if not name:
         raise HubUsageError(f"target {target.name} names no AI Hub device; pass --device")
     hub.device(name)
-    return hub
+    previous = Store(out).read_manifest() if out.is_dir() else None
+    return Preflight(hub, previous if previous and previous.get("hub") else None)
 
 
-def after_build(result, opts: BuildHubOptions | None, hub, progress):
+def after_build(result, opts: BuildHubOptions | None, pre: Preflight | None, progress):
     """Submit the accepted builds of a finished run; returns (manifest, exit code, notes)."""
     if opts is None:
         return result.manifest, result.exit_code, []
+    from ..core import UsageError
+    from ..hub.client import HubError
     from ..hub.stage import SubmitOptions, submit
 
     if not any(b["status"] == "accepted" for b in result.manifest["builds"]):
         return result.manifest, result.exit_code, ["--hub: no accepted build to submit"]
-    outcome = submit(result.out, SubmitOptions(device=opts.device, qairt=opts.qairt, quantize_on=opts.quantize_on,
-                                               timeout_s=opts.timeout_s), progress, hub)
+    try:
+        outcome = submit(result.out, SubmitOptions(device=opts.device, qairt=opts.qairt, quantize_on=opts.quantize_on,
+                                                   timeout_s=opts.timeout_s), progress, pre.hub, pre.previous)
+    except HubError as e:
+        raise UsageError(f"{pre.hub.redact(e)}; the build in {result.out} is complete: "
+                         f"`omni-export hub submit {result.out}` retries") from None
+    except KeyboardInterrupt:
+        raise HubInterrupted(f"interrupted while waiting on AI Hub; the build in {result.out} is complete and "
+                             f"the jobs submitted so far are in its manifest: `omni-export hub submit "
+                             f"{result.out}` resumes them") from None
     return outcome.manifest, max(result.exit_code, outcome.exit_code), outcome.notes
+
+
+class HubInterrupted(Exception):
+    """Ctrl-C during the --hub stage of a build (exit 130 with this message)."""

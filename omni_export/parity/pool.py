@@ -47,16 +47,22 @@ class RunPool:
             f.set_exception(e)
         return f
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """abort: stop running jobs too (after Ctrl-C or an error, don't wait a minute for the
+        simulator to finish a job nobody will read)."""
         if self._pool is not None:
+            if abort:
+                procs = getattr(self._pool, "_processes", None) or {}    # private, but no public way
+                for proc in list(procs.values()):
+                    proc.terminate()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        self.close(abort=exc_type is not None)
 
 
 def default_jobs() -> int:

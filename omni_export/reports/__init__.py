@@ -11,9 +11,10 @@ from pathlib import Path
 REPORT_FILES = ("parity.json", "report.md", "report.html")
 
 
-def write_reports(root: Path, manifest: dict, regated: dict | None = None) -> list[Path]:
+def write_reports(root: Path, manifest: dict, regated: dict | None = None, write=None) -> list[Path]:
     """Write the three reports into `root` atomically; a re-gating record, when given, is shown
-    beside the manifest's verdicts (and stored in parity.json's "regated")."""
+    beside the manifest's verdicts (and stored in parity.json's "regated"). `write(name, text)` is
+    the build's store during a run (so its journal knows the files); plain atomic writes otherwise."""
     from ..artifacts.store import atomic_write_text
     from ..parity.report import parity_json
     from . import html, markdown
@@ -25,5 +26,8 @@ def write_reports(root: Path, manifest: dict, regated: dict | None = None) -> li
         "report.html": html.render(root, manifest, regated),
     }
     for name, text in texts.items():
-        atomic_write_text(root / name, text)
+        if write is not None:
+            write(name, text)
+        else:
+            atomic_write_text(root / name, text)
     return [root / n for n in REPORT_FILES]

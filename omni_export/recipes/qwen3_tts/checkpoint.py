@@ -7,25 +7,32 @@ tokenizer files, <dir>/speech_tokenizer/config.json (model_type qwen3_tts_tokeni
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ...core import UsageError
-from ...weights import TensorDecl, load_tensors, refuse_pickles
+from ...weights import PICKLE_SUFFIXES, TensorDecl, load_tensors, refuse_pickles, require_regular_file
 
 MODEL_TYPE = "qwen3_tts"
 TOKENIZER_MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 DEMO_MARKER = "omni_export_demo"
 
 
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def read_json(path: Path, what: str) -> dict:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(f"missing {path} ({what}); a Qwen3-TTS checkpoint has config.json and "
                          f"speech_tokenizer/config.json")
+    require_regular_file(path, what)
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: {path.stat().st_size} bytes is too large for a config ({what})")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"{path}: not valid JSON ({str(e)[:200]})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a JSON object")
     return data
@@ -34,8 +41,9 @@ def read_json(path: Path, what: str) -> dict:
 def _require_type(cfg: dict, path: Path, expected: str) -> None:
     found = cfg.get("model_type")
     if found != expected:
-        raise UsageError(f"{path}: model_type is '{found}', expected '{expected}'; "
-                         f"this is not a Qwen3-TTS 12Hz checkpoint")
+        shown = found if isinstance(found, str) else json.dumps(found)
+        raise UsageError(f"{path}: model_type is '{shown[:60]}', expected '{expected}'; this is not a Qwen3-TTS "
+                         f"12Hz checkpoint: point --checkpoint at one (e.g. Qwen3-TTS-12Hz-0.6B-CustomVoice)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,15 +86,12 @@ class Code2WavConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "Code2WavConfig":
-        known = {f.name for f in fields(cls)}
+        known = {f.name: f for f in fields(cls)}
         kw = {}
         for k, v in d.items():
             if k in known:
-                kw[k] = tuple(v) if isinstance(v, list) else v
-        try:
-            cfg = cls(**kw)
-        except TypeError as e:
-            raise UsageError(f"{where}: bad decoder_config ({e})") from None
+                kw[k] = _typed(k, v, type(getattr(cls, k)), where)
+        cfg = cls(**kw)
         cfg.validate(where)
         return cfg
 
@@ -98,6 +103,21 @@ class Code2WavConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise UsageError(f"{where}: decoder_config.{name} must be a positive integer, got {v!r}")
+            if v > _MAX_DIM:
+                raise UsageError(f"{where}: decoder_config.{name} = {v} is beyond any real model "
+                                 f"(limit {_MAX_DIM}); the config is corrupt")
+        for name in ("num_hidden_layers", "num_quantizers"):
+            if getattr(self, name) > _MAX_COUNT:
+                raise UsageError(f"{where}: decoder_config.{name} = {getattr(self, name)} is beyond any real "
+                                 f"model (limit {_MAX_COUNT}); the config is corrupt")
+        if not 0 <= self.head_dim <= _MAX_DIM:
+            raise UsageError(f"{where}: decoder_config.head_dim must be in [0, {_MAX_DIM}], got {self.head_dim}")
+        if not (0 < len(self.upsample_rates) <= 8 and len(self.upsampling_ratios) <= 8):
+            raise UsageError(f"{where}: decoder_config.upsample_rates / upsampling_ratios: 1 to 8 entries each")
+        for name in ("rms_norm_eps", "rope_theta", "layer_scale_initial_scale"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:
+                raise UsageError(f"{where}: decoder_config.{name} must be a positive finite number, got {v!r}")
         if self.hidden_act != "silu":
             raise UsageError(f"{where}: decoder_config.hidden_act '{self.hidden_act}' unsupported (silu)")
         if self.codebook_dim % 2:
@@ -109,8 +129,8 @@ class Code2WavConfig:
         if self.num_quantizers < 2:
             raise UsageError(f"{where}: num_quantizers must be >= 2 (1 semantic + acoustic)")
         for r in (*self.upsample_rates, *self.upsampling_ratios):
-            if not isinstance(r, int) or r <= 0:
-                raise UsageError(f"{where}: upsample rates must be positive integers, got {r!r}")
+            if not isinstance(r, int) or isinstance(r, bool) or not 0 < r <= 64:
+                raise UsageError(f"{where}: upsample rates must be integers in [1, 64], got {r!r}")
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -119,6 +139,24 @@ class Code2WavConfig:
         if not self.head_dim:
             d.pop("head_dim")
         return d
+
+
+_MAX_DIM = 1 << 16        # widths: the released decoder's largest is 3072
+_MAX_COUNT = 256          # layers, quantizers
+
+
+def _typed(name: str, v, kind: type, where: str):
+    """A decoder_config value of the type the field's default has; our error otherwise."""
+    if v is None and name == "head_dim":
+        return 0                      # upstream's fallback: hidden_size // num_attention_heads
+    ok = {int: lambda x: type(x) is int, bool: lambda x: type(x) is bool, str: lambda x: isinstance(x, str),
+          float: lambda x: type(x) in (int, float),
+          tuple: lambda x: isinstance(x, list) and all(type(r) is int for r in x)}[kind](v)
+    if not ok:
+        expected = {int: "an integer", bool: "true or false", str: "a string", float: "a number",
+                    tuple: "a list of integers"}[kind]
+        raise UsageError(f"{where}: decoder_config.{name} must be {expected}, got {json.dumps(v)[:60]}")
+    return tuple(v) if kind is tuple else (float(v) if kind is float else v)
 
 
 def code2wav_tensors(c: Code2WavConfig) -> dict[str, TensorDecl]:
@@ -245,17 +283,26 @@ def load_speech_tokenizer(checkpoint: Path) -> SpeechTokenizer:
     refuse_pickles(d)
     expected_hop = raw.get("decode_upsample_rate", cfg.samples_per_frame)
     if expected_hop != cfg.samples_per_frame:
-        raise UsageError(f"{d / 'config.json'}: decode_upsample_rate {expected_hop} does not match the "
-                         f"product of the upsample rates ({cfg.samples_per_frame})")
+        raise UsageError(f"{d / 'config.json'}: decode_upsample_rate {json.dumps(expected_hop)[:40]} does not "
+                         f"match the product of the upsample rates ({cfg.samples_per_frame})")
+    rate = raw.get("output_sample_rate", 24000)
+    if type(rate) is not int or not 0 < rate <= 384000:
+        raise UsageError(f"{d / 'config.json'}: output_sample_rate must be a positive integer (Hz), "
+                         f"got {json.dumps(rate)[:40]}")
     tensors = load_tensors(d / "model.safetensors", code2wav_tensors(cfg), prefix="decoder.")
-    return SpeechTokenizer(d, cfg, int(raw.get("output_sample_rate", 24000)), tensors)
+    return SpeechTokenizer(d, cfg, rate, tensors)
 
 
 def check_root_config(checkpoint: Path) -> dict:
     if not checkpoint.exists():
-        raise UsageError(f"checkpoint directory {checkpoint} does not exist")
+        raise UsageError(f"checkpoint directory {checkpoint} does not exist; pass the directory holding "
+                         f"config.json and speech_tokenizer/ (or omit --checkpoint for the demo)")
     if not checkpoint.is_dir():
-        raise UsageError(f"--checkpoint {checkpoint} is not a directory")
+        if checkpoint.suffix in PICKLE_SUFFIXES:
+            raise UsageError(f"{checkpoint} is a pickle checkpoint; omni-export never unpickles (a pickle can "
+                             f"run code). Pass a checkpoint directory with safetensors weights")
+        raise UsageError(f"--checkpoint {checkpoint} is a file; pass the checkpoint directory (holding "
+                         f"config.json and speech_tokenizer/)")
     path = checkpoint / "config.json"
     raw = read_json(path, "model config")
     _require_type(raw, path, MODEL_TYPE)
@@ -349,11 +396,21 @@ def load_model_tensors(checkpoint: Path, cfg, parts: tuple[str, ...]) -> dict:
     return load_tensors(checkpoint / "model.safetensors", table)
 
 
+def _demo_info(checkpoint: Path) -> dict:
+    try:
+        raw = read_json(checkpoint / "config.json", "model config")
+    except UsageError:
+        return {}
+    info = raw.get(DEMO_MARKER)
+    return info if isinstance(info, dict) else {}
+
+
 def demo_label(checkpoint: Path) -> str | None:
     """The demo label if this checkpoint was written by `write_checkpoint`, else None."""
-    try:
-        raw = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    info = raw.get(DEMO_MARKER) if isinstance(raw, dict) else None
-    return info.get("label") if isinstance(info, dict) else None
+    label = _demo_info(checkpoint).get("label")
+    return label if isinstance(label, str) else None
+
+
+def demo_seed(checkpoint: Path) -> int | None:
+    seed = _demo_info(checkpoint).get("seed")
+    return seed if type(seed) is int else None

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core import Graph, Samples, UsageError, resolve_specs
+from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host, prompts
 from .recipe import RECIPE
@@ -23,6 +24,7 @@ HELDOUT_PER_GRAPH = {"talker_decode": 12, "predictor_prefill": 12, "predictor_de
                      "predictor_frame": 12, "code2wav": 2}
 HELDOUT_DEFAULT = 4
 CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
+CALIBRATION_SEED = 1000
 HELDOUT_FRAMES = 24
 VOICE_DESIGN_INSTRUCTS = ("A calm, low-pitched male voice, speaking slowly.",
                           "A bright, cheerful young female voice.")
@@ -53,6 +55,18 @@ class Qwen3TTS:
     speech: ck.SpeechTokenizer | None = None
     info: dict = field(default_factory=dict)
     _samples: dict | None = None
+    demo_seed: int | None = None
+
+    @property
+    def seeds(self) -> dict:
+        """Every seed behind this model's data (recorded in the manifest)."""
+        n_cal = len(prompts.CALIBRATION)
+        s = {"calibration_generations": [CALIBRATION_SEED + i for i in range(n_cal)],
+             "heldout_generations": "greedy", "code2wav_calibration": "user codes" if
+             self.options.get("calibration-codes") else "windows of the calibration generations"}
+        if self.demo_seed is not None:
+            s["demo_checkpoint"] = self.demo_seed
+        return s
 
     # ---- geometry
     def sizes(self) -> dict:
@@ -228,7 +242,7 @@ class Qwen3TTS:
             gens = []
             for i, req in enumerate(self.requests(which)):
                 held = which == "heldout"
-                opts = self.gen_options(greedy=held, seed=1000 + i, predictor="frame" if i % 2 else "step",
+                opts = self.gen_options(greedy=held, seed=CALIBRATION_SEED + i, predictor="frame" if i % 2 else "step",
                                         max_frames=HELDOUT_FRAMES if held else CALIBRATION_FRAMES)
                 if self.cfg.tts_model_type == "base":
                     req.speaker_embedding = self.speaker_embedding(cap, reference_voice(i + (100 if held else 0)))
@@ -284,27 +298,48 @@ def reference_voice(seed: int, seconds: float = 3.0, sr: int = 24000) -> np.ndar
 
 
 def load_code_sequences(path: Path, codebooks: int, codebook_size: int) -> list[np.ndarray]:
+    if not path.exists():
+        raise UsageError(f"--calibration-codes {path} does not exist; pass a .npy of codes [frames, "
+                         f"{codebooks}] or a directory of them")
     files = sorted(path.glob("*.npy")) if path.is_dir() else [path]
-    if not files or not all(f.exists() for f in files):
-        raise UsageError(f"--calibration-codes {path}: no .npy files found")
-    seqs = []
-    for f in files:
-        try:
-            a = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--calibration-codes {f}: not a readable .npy ({e})") from None
-        if a.ndim != 2 or a.shape[1] != codebooks or a.shape[0] < 1:
-            raise UsageError(f"--calibration-codes {f}: expected shape [frames, {codebooks}], got {list(a.shape)}")
-        if not np.issubdtype(a.dtype, np.integer) or a.min() < 0 or a.max() >= codebook_size:
-            raise UsageError(f"--calibration-codes {f}: codes must be integers in [0, {codebook_size})")
-        seqs.append(a.astype(np.int32))
-    return seqs
+    if not files:
+        raise UsageError(f"--calibration-codes {path}: no .npy files in the directory")
+    return [_code_sequence(f, codebooks, codebook_size) for f in files]
+
+
+def _code_sequence(f: Path, codebooks: int, codebook_size: int) -> np.ndarray:
+    where = f"--calibration-codes {f}"
+    require_regular_file(f, where)
+    try:
+        a = np.load(f, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise UsageError(f"{where}: not a readable .npy ({_first_line(e)}); save codes with numpy.save "
+                         f"(pickled object arrays are never loaded)") from None
+    if not isinstance(a, np.ndarray):
+        a.close()
+        raise UsageError(f"{where}: is an .npz archive; pass one .npy per sequence (or a directory of them)")
+    if a.ndim != 2 or a.shape[1] != codebooks:
+        raise UsageError(f"{where}: expected shape [frames, {codebooks}], got {list(a.shape)}")
+    if a.shape[0] < 1:
+        raise UsageError(f"{where}: holds no frames (shape {list(a.shape)})")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise UsageError(f"{where}: codes must be integers in [0, {codebook_size}), got dtype {a.dtype}")
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= codebook_size:
+        raise UsageError(f"{where}: codes must be integers in [0, {codebook_size}), found values in "
+                         f"[{lo}, {hi}]")
+    return a.astype(np.int32)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed."""
-    from ...artifacts.store import sha256_file
-
+    left, chunk = options.get("left-context"), options.get("chunk-frames")
+    if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
+        raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
     if options.get("random-weights"):
         size = options.get("size") or "0.6b"
         if size not in ("0.6b", "1.7b"):
@@ -315,20 +350,16 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     checkpoint = Path(checkpoint)
     ck.check_root_config(checkpoint)
     demo = ck.demo_label(checkpoint)
-    model = Qwen3TTS(checkpoint, demo, dict(options))
-    if model.left < 0 or model.chunk < 1:
-        raise UsageError("--left-context must be >= 0 and --chunk-frames >= 1")
+    model = Qwen3TTS(checkpoint, demo, dict(options), demo_seed=ck.demo_seed(checkpoint) if demo else None)
     model.cfg = ck.read_model_config(checkpoint)
     model.speech = ck.load_speech_tokenizer(checkpoint)
     model.tensors = ck.load_model_tensors(checkpoint, model.cfg, ("talker", "predictor", "speaker_encoder"))
-    files = sorted(p for p in checkpoint.rglob("*.safetensors"))
     model.info = {
         "path": str(checkpoint.resolve()),
         "label": demo or "user checkpoint",
         "demo": bool(demo),
         "tts_model_type": model.cfg.tts_model_type,
-        "weights": [{"path": str(p.relative_to(checkpoint)), "sha256": sha256_file(p),
-                     "bytes": p.stat().st_size} for p in files],
+        "weights": weight_files(checkpoint),
         "config": {"code2wav": model.speech.config.to_json(),
                    "talker_hidden": model.cfg.talker.hidden_size, "predictor_hidden": model.cfg.predictor.hidden_size,
                    "small_to_mtp_projection": model.cfg.has_projection},

@@ -142,7 +142,7 @@ class SpeakerEncoder(nn.Module):
             outs.append(x)
         h = self.mfa(torch.cat(outs, dim=1))
         t = h.shape[2]
-        mean, std = self._stats(h, torch.full((1, 1, t), 1.0 / t))
+        mean, std = self._stats(h, torch.full((1, 1, t), 1.0 / t, dtype=h.dtype))
         att = torch.cat([h, mean[..., None].expand(-1, -1, t), std[..., None].expand(-1, -1, t)], dim=1)
         w = torch.softmax(self.asp_conv(torch.tanh(self.asp_tdnn(att))), dim=2)
         mean, std = self._stats(h, w)

@@ -114,14 +114,27 @@ class Decoder(nn.Module):
         return self.norm(x), keys, vals
 
 
-def load_decoder(dec: Decoder, tensors: dict, prefix: str) -> None:
-    """Official names: {prefix}layers.{i}.self_attn.*, .mlp.{gate,up,down}_proj, norms; {prefix}norm."""
+def load_decoder(g: DecoderGeometry, tensors: dict, prefix: str) -> Decoder:
+    """Official names: {prefix}layers.{i}.self_attn.*, .mlp.{gate,up,down}_proj, norms; {prefix}norm.
+    Built on the meta device and assigned the loaded tensors: no copy, no random init, and graphs
+    built from the same tensors (talker prefill and decode) share their weights in memory."""
+    with torch.device("meta"):
+        dec = Decoder(g)
     state = {}
     for name, _ in dec.named_parameters():
         official = name.replace("gate_proj", "mlp.gate_proj").replace("up_proj", "mlp.up_proj") \
                        .replace("down_proj", "mlp.down_proj")
         state[name] = tensors[prefix + official]
-    dec.load_state_dict(state, strict=True)
+    dec.load_state_dict(state, strict=True, assign=True)
+    return dec
+
+
+def _linear(tensors: dict, weight: str, bias: str | None = None) -> nn.Linear:
+    w = tensors[weight]
+    with torch.device("meta"):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+    lin.load_state_dict({"weight": w, **({"bias": tensors[bias]} if bias else {})}, assign=True)
+    return lin
 
 
 def _interleave(keys, vals):
@@ -138,10 +151,9 @@ class TextProjection(nn.Module):
 
     def __init__(self, tensors: dict):
         super().__init__()
-        w1, w2 = tensors["talker.text_projection.linear_fc1.weight"], tensors["talker.text_projection.linear_fc2.weight"]
-        self.linear_fc1 = nn.Linear(w1.shape[1], w1.shape[0])
-        self.linear_fc2 = nn.Linear(w2.shape[1], w2.shape[0])
-        self.load_state_dict({k: tensors["talker.text_projection." + k] for k in self.state_dict()})
+        p = "talker.text_projection."
+        self.linear_fc1 = _linear(tensors, p + "linear_fc1.weight", p + "linear_fc1.bias")
+        self.linear_fc2 = _linear(tensors, p + "linear_fc2.weight", p + "linear_fc2.bias")
 
     def forward(self, text_embeds):
         return self.linear_fc2(F.silu(self.linear_fc1(text_embeds)))
@@ -152,10 +164,8 @@ class TalkerStep(nn.Module):
 
     def __init__(self, c: ModelConfig, tensors: dict):
         super().__init__()
-        self.decoder = Decoder(c.talker)
-        load_decoder(self.decoder, tensors, "talker.model.")
-        self.codec_head = nn.Linear(c.talker.hidden_size, c.talker.vocab_size, bias=False)
-        self.codec_head.weight.data.copy_(tensors["talker.codec_head.weight"])
+        self.decoder = load_decoder(c.talker, tensors, "talker.model.")
+        self.codec_head = _linear(tensors, "talker.codec_head.weight")
 
     def forward(self, inputs_embeds, cos, sin, attn_mask, *past):
         hidden, keys, vals = self.decoder(inputs_embeds, cos, sin, attn_mask, past)
@@ -170,13 +180,11 @@ class PredictorCore(nn.Module):
     def __init__(self, c: ModelConfig, tensors: dict):
         super().__init__()
         p, q = c.predictor, c.predictor.num_code_groups
-        self.decoder = Decoder(p)
-        load_decoder(self.decoder, tensors, "talker.code_predictor.model.")
+        self.decoder = load_decoder(p, tensors, "talker.code_predictor.model.")
         self.proj = None
         if c.has_projection:
-            self.proj = nn.Linear(c.talker.hidden_size, p.hidden_size, bias=True)
-            self.proj.weight.data.copy_(tensors["talker.code_predictor.small_to_mtp_projection.weight"])
-            self.proj.bias.data.copy_(tensors["talker.code_predictor.small_to_mtp_projection.bias"])
+            m = "talker.code_predictor.small_to_mtp_projection."
+            self.proj = _linear(tensors, m + "weight", m + "bias")
         # code0 is embedded with the talker's codec table; group g >= 1 with predictor table g - 1.
         self.register_buffer("talker_table", tensors["talker.model.codec_embedding.weight"].clone())
         self.register_buffer("tables", torch.stack(
@@ -205,7 +213,7 @@ class PredictorPrefill(nn.Module):
     def forward(self, past_hidden, code0):
         c = self.core
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
-        mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]])[None, None]
+        mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]], dtype=x.dtype)[None, None]
         hidden, keys, vals = c.decoder(x, c.cos[None, :2], c.sin[None, :2], mask)
         logits = torch.matmul(hidden[:, 1], c.heads[0].T)
         return (logits, *_interleave(keys, vals))
@@ -227,7 +235,7 @@ class PredictorDecode(nn.Module):
         cos = torch.index_select(c.cos, 0, pos)[None]
         sin = torch.index_select(c.sin, 0, pos)[None]
         valid = (self.slots <= step).float()                        # past slots 0..step
-        mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)])[None, None, None]
+        mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)]).to(x.dtype)[None, None, None]
         hidden, keys, vals = c.decoder(x, cos, sin, mask, past)
         head = torch.index_select(c.heads, 0, step.long()).reshape(c.vocab, -1)
         return (torch.matmul(hidden[:, 0], head.T), *_interleave(keys, vals))
@@ -265,7 +273,7 @@ class PredictorFrame(nn.Module):
             pos0 = 0 if s == 0 else s + 1
             cos, sin = c.cos[None, pos0:pos0 + n], c.sin[None, pos0:pos0 + n]
             total = pos0 + n
-            mask = torch.triu(torch.full((total, total), -100.0), diagonal=1)[None, None, pos0:total]
+            mask = torch.triu(torch.full((total, total), -100.0, dtype=x.dtype), diagonal=1)[None, None, pos0:total]
             past = None if keys is None else _interleave(keys, vals)
             hidden, k_new, v_new = c.decoder(x, cos, sin, mask, past)
             keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]

@@ -1,0 +1,105 @@
+"""Re-run the parity of every listed artifact on its runner and compare with the recorded scores.
+
+Inputs and fp32 references come from OUT/parity-inputs/<component>.npz (hash-checked first by
+`verify`), so a build can be rescored without its checkpoint. The DLC is not rescored: it was
+scored as the QNN graph it serialises (compiled from the source ONNX, which is not kept), and ONNX
+Runtime cannot load a DLC.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..artifacts.integrity import Finding
+
+
+def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Finding], list[dict]]:
+    from ..artifacts.reproducibility import read_parity_inputs
+
+    findings, rows, data = [], [], {}
+    for comp, info in (manifest.get("components") or {}).items():
+        rec = (info or {}).get("parity_inputs")
+        if rec and (out / rec["path"]).is_file():
+            data[comp] = (info, read_parity_inputs(out / rec["path"]))
+    for b in manifest["builds"]:
+        row = {"name": b.get("name"), "format": b.get("format"), "precision": b.get("precision")}
+        rows.append(row)
+        skip = _unscorable(b, data)
+        if skip:
+            row["skipped"] = skip
+            continue
+        info, (inputs, refs) = data[b["component"]]
+        try:
+            scores = _scores(out, b, info, inputs, refs)
+        except Exception as e:  # the artifact no longer loads or runs: that is drift, not a crash
+            findings.append(Finding("rescore", b["files"][0]["path"], f"runner failed: {type(e).__name__}: "
+                                    f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"))
+            row["error"] = True
+            continue
+        row["outputs"] = {n: round(s.snr_db, 3) if math.isfinite(s.snr_db) else str(s.snr_db)
+                          for n, s in scores.items()}
+        findings += _compare(b, scores, tolerance_db, _gated(manifest, b["component"]))
+    return findings, rows
+
+
+def _gated(manifest: dict, component: str) -> tuple[str, ...]:
+    """The outputs the recipe's gate looks at (all when the recipe is unknown here)."""
+    from ..core import UsageError
+    from ..recipes import get_recipe
+
+    try:
+        return get_recipe((manifest.get("recipe") or {}).get("name")).component(component).gated_outputs
+    except (UsageError, TypeError):
+        return ()
+
+
+def _unscorable(b: dict, data: dict) -> str | None:
+    if not b.get("files"):
+        return "no file (the build failed before scoring)"
+    if b.get("format") == "dlc":
+        return "a DLC is scored as the QNN graph it serialises; ONNX Runtime cannot load the file"
+    if b.get("component") not in data:
+        return "no parity-inputs for its component"
+    if not (b.get("parity") or {}).get("runner"):
+        return "no runner recorded"
+    return None
+
+
+def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict]) -> dict:
+    from ..parity.metrics import score_outputs
+    from ..parity.runners import RunnerSpec, run_all
+
+    r = b["parity"]["runner"]
+    names_in = tuple(s["name"] for s in info["inputs"])
+    names_out = tuple(s["name"] for s in info["outputs"])
+    spec = RunnerSpec(r["kind"], str(out / b["files"][0]["path"]), names_in, names_out, dict(r.get("options") or {}))
+    outputs = run_all(spec, inputs)
+    return {s.name: s for s in score_outputs(names_out, refs, outputs)}
+
+
+def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...]) -> list[Finding]:
+    from ..parity.gate import judge
+
+    path = b["files"][0]["path"]
+    found = []
+    recorded = {o["name"]: o for o in b["parity"].get("outputs", [])}
+    for name, s in scores.items():
+        was = _num(recorded.get(name, {}).get("snr_db"))
+        now = s.snr_db
+        if math.isfinite(was) and math.isfinite(now):
+            same = abs(was - now) <= tol
+        else:
+            same = was == now or (math.isnan(was) and math.isnan(now))
+        if not same:
+            found.append(Finding("score", path, f"output '{name}' scores {now:.3f} dB now, {was:.3f} dB recorded "
+                                                f"(tolerance {tol} dB)"))
+    verdict = judge(tuple(scores.values()), float(b["parity"]["threshold_db"]), gated)
+    if verdict.status != b.get("status"):
+        found.append(Finding("score", path, f"verdict now {verdict.status}, recorded {b.get('status')}"))
+    return found
+
+
+def _num(x) -> float:
+    if isinstance(x, (int, float)):
+        return float(x)
+    return {"inf": math.inf, "-inf": -math.inf}.get(x, math.nan)

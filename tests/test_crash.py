@@ -1,0 +1,119 @@
+"""Kill a build at every named stage and at random moments (SIGKILL: no cleanup runs) and check,
+after every kill, that the output directory is either the previous complete build or marked
+incomplete, and that no manifest ever lists a missing or changed file; then that a rerun completes
+and leaves exactly what its manifest lists (`omni-export verify` exit 0).
+
+Default: the 11 named crash points (omni_export/faults.py) + 9 random kills = 20 kills, with 3
+complete runs in between. OMNI_EXPORT_RANDOM_KILLS=N sets the random ones (e.g. 100 for a soak);
+OMNI_EXPORT_KILL_SEED fixes their timing (the seed is printed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, ROOT, run_cli
+from omni_export.artifacts.store import MARKER, listed_files, sha256_file
+
+NAMED = ["begin", "loaded", "traced", "commit-before-rename@1", "commit-after-rename@1", "lowered",
+         "commit-before-rename@2", "commit-after-rename@2", "pruned", "documents", "manifest"]
+RANDOM_KILLS = int(os.environ.get("OMNI_EXPORT_RANDOM_KILLS", "9"))
+
+
+def command(ckpt: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "omni_export.cli", "qwen3-tts", "--checkpoint", str(ckpt), "--out", str(out),
+            "--formats", "onnx", "--precision", "fp16", "--no-attribution", "--jobs", "1", "-q", *FAST]
+
+
+def check_invariant(out: Path) -> str:
+    """'complete' | 'incomplete' | 'empty'; fails on any manifest entry that is missing or changed."""
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())           # never a torn manifest: it is renamed into place
+        for rec in listed_files(m):
+            p = out / rec["path"]
+            assert p.is_file(), f"manifest lists {rec['path']}, which is missing"
+            assert p.stat().st_size == rec["bytes"] and sha256_file(p) == rec["sha256"], \
+                f"manifest lists {rec['path']} with other bytes"
+    if (out / MARKER).exists():
+        return "incomplete"
+    if manifest.exists():
+        return "complete"
+    assert not out.exists() or not [p for p in out.iterdir() if not p.name.startswith(".write-test")], \
+        f"{out} holds files but neither a manifest nor the {MARKER} marker"
+    return "empty"
+
+
+def complete_run(ckpt: Path, out: Path) -> float:
+    t0 = time.time()
+    proc = subprocess.run(command(ckpt, out), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert check_invariant(out) == "complete"
+    v = run_cli("verify", str(out))
+    assert v.returncode == 0, v.stdout              # nothing left over from the killed runs
+    return time.time() - t0
+
+
+def kill_at_stage(ckpt: Path, out: Path, point: str) -> None:
+    env = dict(os.environ, OMNI_EXPORT_CRASH_AT=point)
+    proc = subprocess.run(command(ckpt, out), cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 137, f"{point}: exit {proc.returncode}, the crash point was not reached\n" \
+                                   f"{proc.stderr[-2000:]}"
+
+
+def kill_after(ckpt: Path, out: Path, delay: float) -> bool:
+    """SIGKILL after `delay` seconds; False when the run finished first."""
+    proc = subprocess.Popen(command(ckpt, out), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=delay)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def test_killed_builds_never_leave_a_manifest_pointing_at_missing_or_partial_files(tmp_path, tiny_checkpoint):
+    out = tmp_path / "out"
+    states: dict[str, int] = {}
+    duration = complete_run(tiny_checkpoint, out)          # a previous complete build to protect
+    kills = 0
+    for point in NAMED:
+        kill_at_stage(tiny_checkpoint, out, point)
+        kills += 1
+        state = check_invariant(out)
+        states[state] = states.get(state, 0) + 1
+        if point == "begin":
+            assert state == "incomplete"                    # the marker is written first
+        if point in ("pruned", "documents"):
+            assert state == "incomplete" and not (out / "manifest.json").exists()
+        if point == "manifest":
+            assert state == "incomplete" and (out / "manifest.json").exists()
+            v = run_cli("verify", str(out))
+            assert v.returncode == 3 and "incomplete .incomplete" in v.stdout
+        if point == "commit-after-rename@1":
+            duration = max(duration, complete_run(tiny_checkpoint, out))     # rerun completes mid-way too
+    complete_run(tiny_checkpoint, out)
+    seed = int(os.environ.get("OMNI_EXPORT_KILL_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    random_kills = 0
+    while random_kills < RANDOM_KILLS:
+        if kill_after(tiny_checkpoint, out, rng.uniform(0.5, duration)):
+            random_kills += 1
+            state = check_invariant(out)
+            states[state] = states.get(state, 0) + 1
+        else:
+            assert check_invariant(out) == "complete"
+    kills += random_kills
+    complete_run(tiny_checkpoint, out)
+    print(f"\n{kills} kills ({len(NAMED)} at named stages, {random_kills} random, seed {seed}); "
+          f"states after a kill: {states}")
+    assert kills >= 20

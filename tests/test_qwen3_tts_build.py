@@ -1,0 +1,98 @@
+"""Qwen3-TTS complete, through the CLI on the demo checkpoint: every graph built and scored on the
+HTP simulator, end-to-end parity through the built graphs, and synthesis from a build."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import FAST, builds_by, read_manifest, run_cli
+
+GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefill", "predictor_decode",
+          "predictor_frame", "code2wav")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q3") / "out"
+    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--precision", "fp16",
+                   "--formats", "onnx,ctx", "--no-attribution", *FAST, timeout=1500)
+    return proc, out
+
+
+def test_every_graph_is_built_and_scored_on_the_simulator(build):
+    proc, out = build
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    b = builds_by(read_manifest(out))
+    assert {c for c, _, _ in b} == set(GRAPHS)
+    for g in GRAPHS:
+        ctx = b[(g, "ctx", "fp16")]
+        assert ctx["parity"]["runner"]["kind"] == "qnn-htp", g
+        floats = [o for o in ctx["parity"]["outputs"] if o.get("agreement") is None and o["name"] != "margins"]
+        if g != "predictor_frame":
+            assert ctx["status"] == "accepted" and min(o["snr_db"] for o in floats) >= 40, (g, ctx["parity"])
+
+
+def test_fused_frame_codes_are_scored_by_tie_aware_agreement(build):
+    _, out = build
+    ctx = builds_by(read_manifest(out))[("predictor_frame", "ctx", "fp16")]
+    codes = next(o for o in ctx["parity"]["outputs"] if o["name"] == "codes")
+    assert codes["snr_db"] is None and 0 <= codes["agreement_raw"] <= codes["agreement"] <= 1
+    assert ("agrees" in ctx["parity"]["reason"]) or ctx["status"] == "accepted"
+    onnx = builds_by(read_manifest(out))[("predictor_frame", "onnx", "fp16")]
+    assert next(o for o in onnx["parity"]["outputs"] if o["name"] == "codes")["agreement"] >= 0.99
+
+
+def test_end_to_end_parity_is_recorded_and_gated(build):
+    _, out = build
+    m = read_manifest(out)
+    [row] = m["end_to_end"]
+    assert row["runner"] == "htp" and row["precision"] == "fp16"
+    if row["verdict"] != "skipped":
+        assert 0 <= row["free_running_agreement"] <= 1 and row["near_tie_flips"] <= row["flips"]
+        assert row["verdict"] == ("accepted" if row["code_agreement"] >= row["threshold"] else "rejected")
+    assert "End to end" in (out / "report.md").read_text() or "end-to-end" in (out / "report.md").read_text().lower()
+
+
+def test_calibration_comes_from_the_pipeline_itself(build):
+    _, out = build
+    comps = read_manifest(out)["components"]
+    assert "fp32 generations of the recipe's calibration prompts" in comps["talker_decode"]["calibration"]["source"]
+    assert "held-out prompts" in comps["talker_decode"]["heldout"]["source"]
+    assert comps["talker_decode"]["calibration"]["sha256"] != comps["talker_decode"]["heldout"]["sha256"]
+
+
+def test_synth_through_the_build_on_the_ort_runner(build, tmp_path):
+    _, out = build
+    proc = run_cli("synth", "qwen3-tts", "--build", str(out), "--runner", "ort", "--text", "Hi there.",
+                   "--greedy", "--max-frames", "6", "--wav", str(tmp_path / "a.wav"),
+                   "--codes-out", str(tmp_path / "a.npy"), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout)
+    assert s["frames"] == 6 and "on ort (fp16)" in s["graphs"]
+    codes = np.load(tmp_path / "a.npy")
+    assert codes.shape == (6, 16) and codes.max() < 2048
+    eager = run_cli("synth", "qwen3-tts", "--checkpoint", s["checkpoint"], "--text", "Hi there.", "--greedy",
+                    "--max-frames", "6", "--codes-out", str(tmp_path / "b.npy"), "--json")
+    assert eager.returncode == 0, eager.stderr[-2000:]
+    agree = (np.load(tmp_path / "b.npy") == codes).mean()
+    assert agree >= 0.9                       # fp16 ONNX on CPU vs fp32 eager, free running
+
+
+def test_synth_decodes_given_codes_without_a_tokenizer(tmp_path):
+    codes = np.random.default_rng(0).integers(0, 2048, (5, 16))
+    np.save(tmp_path / "c.npy", codes)
+    proc = run_cli("synth", "qwen3-tts", "--codes", str(tmp_path / "c.npy"), "--wav", str(tmp_path / "o.wav"), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout)
+    assert s["frames"] == 5 and s["seconds"] == 0.4
+    import wave
+
+    with wave.open(str(tmp_path / "o.wav")) as w:
+        assert w.getframerate() == 24000 and w.getnframes() == 5 * 1920
+
+
+def test_synth_errors_are_one_line(tmp_path):
+    proc = run_cli("synth", "qwen3-tts", "--speaker", "nobody", "--text", "x")
+    assert proc.returncode == 2 and "unknown speaker 'nobody'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("synth", "qwen3-tts")
+    assert proc.returncode == 2 and "give --text, --text-ids or --codes" in proc.stderr

@@ -1,0 +1,112 @@
+"""Two builds of the same inputs, in different output directories: the formats the manifest calls
+byte-stable have identical sha256; for the others the manifest's `why` is checked against the bytes."""
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ALL_FORMATS_FP16, FAST, read_manifest, run_cli
+from omni_export.artifacts.reproducibility import BYTE_STABLE
+
+
+@pytest.fixture(scope="module")
+def second_build(tmp_path_factory, tiny_checkpoint) -> Path:
+    out = tmp_path_factory.mktemp("second") / "elsewhere"
+    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True)
+    return out
+
+
+def files_by_format(m: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for b in m["builds"]:
+        out.setdefault(b["format"], []).extend(b["files"])
+    out["parity-inputs"] = [c["parity_inputs"] for c in m["components"].values()]
+    return out
+
+
+def test_manifest_records_seeds_and_byte_stability_per_format(fp16_build):
+    m = read_manifest(fp16_build)
+    assert m["seeds"] == {"python_random": 0, "numpy_global": 0, "torch": 0, "heldout_codes": 2000,
+                          "calibration_codes": [1000, 1001, 1002, 1003], "demo_checkpoint": 0}
+    assert set(m["reproducibility"]) == {"onnx", "dlc", "ctx", "pte", "parity-inputs"}
+    for fmt, entry in m["reproducibility"].items():
+        assert (entry["byte_stable"], entry["why"]) == BYTE_STABLE[fmt]
+
+
+def test_byte_stable_formats_have_identical_sha256(fp16_build, second_build):
+    a, b = files_by_format(read_manifest(fp16_build)), files_by_format(read_manifest(second_build))
+    stable = [f for f, (ok, _) in BYTE_STABLE.items() if ok]
+    assert set(stable) == {"onnx", "pte", "parity-inputs"}
+    for fmt in stable:
+        assert [(r["path"], r["sha256"]) for r in a[fmt]] == [(r["path"], r["sha256"]) for r in b[fmt]], fmt
+
+
+def _stored_entries(path: Path) -> dict[str, bytes]:
+    """A DLC is a zip of stored entries whose CRC fields are 0 (zipfile refuses to read them)."""
+    data = path.read_bytes()
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            assert info.compress_type == zipfile.ZIP_STORED
+            h = info.header_offset
+            name_len, extra_len = struct.unpack("<HH", data[h + 26:h + 30])
+            start = h + 30 + name_len + extra_len
+            out[info.filename] = data[start:start + info.file_size]
+    return out
+
+
+def _without_timestamps(obj):
+    if isinstance(obj, dict):
+        return {k: _without_timestamps(v) for k, v in obj.items() if k != "timestamp"}
+    if isinstance(obj, list):
+        return [_without_timestamps(v) for v in obj]
+    return obj
+
+
+def test_dlc_differs_only_in_its_build_time(fp16_build, second_build):
+    name = "qwen3-tts-code2wav-fp16-s25-htp.dlc"
+    a, b = _stored_entries(fp16_build / name), _stored_entries(second_build / name)
+    assert a.keys() == b.keys() and {"model", "model.params", "model.params.bin"} <= a.keys()
+    differing = sorted(k for k in a if a[k] != b[k])
+    assert differing and all(k.startswith("dlc.metadata") for k in differing), differing
+    for k in differing:
+        ta, tb = json.loads(a[k]), json.loads(b[k])
+        assert _without_timestamps(ta) == _without_timestamps(tb)
+        assert ta["header"]["timestamp"] != tb["header"]["timestamp"]   # the builds were > 1 s apart
+
+
+def test_context_binaries_differ_in_few_bytes_that_change_no_output(fp16_build, second_build):
+    from omni_export.artifacts.reproducibility import read_parity_inputs
+    from omni_export.parity.runners import RunnerSpec, run_all
+
+    stem = "qwen3-tts-code2wav-fp16-s25-htp.ctx"
+    assert (fp16_build / f"{stem}.onnx").read_bytes() == (second_build / f"{stem}.onnx").read_bytes()
+    a, b = (fp16_build / f"{stem}_qnn.bin").read_bytes(), (second_build / f"{stem}_qnn.bin").read_bytes()
+    assert len(a) == len(b)
+    differing = sum(x != y for x, y in zip(a, b))
+    print(f"\n{stem}_qnn.bin: {differing} of {len(a)} bytes differ between two builds")
+    assert differing <= len(a) // 50     # a handful of regions, not a different graph (34 B to 16 kB seen)
+    m = read_manifest(fp16_build)
+    inputs, _ = read_parity_inputs(fp16_build / "parity-inputs" / "code2wav.npz")
+    inputs = inputs[-1:]                 # the full-context chunk; one sample keeps the simulator short
+    runner = next(b for b in m["builds"] if b["format"] == "ctx")["parity"]["runner"]
+    outs = [run_all(RunnerSpec("qnn-htp", str(d / f"{stem}.onnx"), ("codes", "frame_mask"), ("wav",),
+                               runner["options"]), inputs) for d in (fp16_build, second_build)]
+    for x, y in zip(*outs):
+        assert x["wav"].tobytes() == y["wav"].tobytes()
+
+
+def test_quantized_onnx_is_byte_stable(tmp_path, tiny_checkpoint):
+    """Calibration (MinMax over the captured inputs) is deterministic: QDQ ONNX bytes repeat."""
+    hashes = []
+    for d in ("a", "b"):
+        out = tmp_path / d
+        run_cli("qwen3-tts", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--formats", "onnx",
+                "--precision", "w8a16", "--no-attribution", "--gate", "w8a16=0", "-q", *FAST, check=True)
+        (b,) = read_manifest(out)["builds"]
+        hashes.append(b["files"][0]["sha256"])
+    assert hashes[0] == hashes[1]
