@@ -2,7 +2,7 @@
 
 client.py   the only module that imports qai_hub (credentials, errors, redaction, test seam)
 routes.py   per build: what is uploaded, which runtime and options (pure, from the manifest)
-records.py  hub/jobs.json, written atomically after every change and merged into manifest.json
+records.py  the jobs recorded in manifest.json itself (rewritten atomically after every change)
 jobs.py     one build's jobs as a resumable state machine (upload -> quantize? -> compile -> inference)
 device.py   device outputs scored with the same metrics and gate as local builds
 profile.py  AI Hub profile dicts -> per-graph time, memory, compute-unit split

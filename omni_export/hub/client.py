@@ -57,17 +57,19 @@ def _fake_module(name: str):
 
 
 def load():
-    """(qai_hub module, label): the real client, or a fake named by OMNI_EXPORT_FAKE_HUB in a checkout."""
+    """(qai_hub module, label, (poll s, retry s)): the real client, or the client in front of a fake
+    service named by OMNI_EXPORT_FAKE_HUB in a source checkout (which also sets the pace)."""
     fake = os.environ.get(FAKE_ENV)
     if fake:
         module = _fake_module(fake)
         print(f"omni-export: using the FAKE Qualcomm AI Hub from tests/{fake}.py ({FAKE_ENV})", file=sys.stderr)
-        return module.install(), f"FAKE AI Hub (tests/{fake}.py; qai-hub client, fake service)"
+        pace = (float(getattr(module, "POLL_SECONDS", POLL_SECONDS)), float(getattr(module, "RETRY_SECONDS", RETRY_SECONDS)))
+        return module.install(), f"FAKE AI Hub (tests/{fake}.py; qai-hub client, fake service)", pace
     try:
         import qai_hub
     except ImportError:
         raise HubUsageError("the qai-hub client is not installed: pip install 'qai-hub>=0.56,<0.57'") from None
-    return qai_hub, f"Qualcomm AI Hub (qai-hub {qai_hub.__version__})"
+    return qai_hub, f"Qualcomm AI Hub (qai-hub {qai_hub.__version__})", (POLL_SECONDS, RETRY_SECONDS)
 
 
 class Redactor:
@@ -111,14 +113,13 @@ class Hub:
     failures of idempotent calls, and turns errors into HubUsageError / HubError with the token
     blanked out."""
 
-    def __init__(self, module=None, label: str | None = None):
+    def __init__(self, module=None, label: str | None = None, pace: tuple[float, float] | None = None):
         if module is None:
-            module, label = load()
+            module, label, pace = load()
         self.m, self.label = module, label
         self.fake = label.startswith("FAKE")
         self.redact = Redactor()
-        self.poll_seconds = float(getattr(module, "POLL_SECONDS", POLL_SECONDS))
-        self.retry_seconds = float(getattr(module, "RETRY_SECONDS", RETRY_SECONDS))
+        self.poll_seconds, self.retry_seconds = pace or (POLL_SECONDS, RETRY_SECONDS)
         self.client = None
         self.web_url = ""
         rate_limited = getattr(getattr(module, "client", None), "RateLimitedError", module.InternalError)
@@ -135,7 +136,9 @@ class Hub:
                 config = self.client.config
             except m.Error:
                 raise HubUsageError(self._no_token()) from None
-            self.redact.add(getattr(config, "api_token", None))
+            if not getattr(config, "api_token", None):
+                raise HubUsageError(self._no_token())
+            self.redact.add(config.api_token)
             self.web_url = getattr(config, "web_url", "") or ""
             config.verbose = False
             try:

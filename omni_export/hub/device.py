@@ -7,12 +7,9 @@ position, and the record says so.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from ..artifacts.inputs import npz_bytes
-from ..artifacts.store import atomic_write_bytes
+from ..artifacts.reproducibility import npz_bytes
 
 
 def dataset(inputs: list[dict], names: list[str]) -> dict:
@@ -53,9 +50,6 @@ def score(component, info: dict, refs: list[dict], outs: list[dict], threshold: 
             "outputs": [s.to_json() for s in v.scores]}
 
 
-def save_outputs(root: Path, rel: str, outs: list[dict]) -> dict:
-    import hashlib
-
-    data = npz_bytes({f"output.{i}.{n}": a for i, o in enumerate(outs) for n, a in o.items()})
-    atomic_write_bytes(Path(root) / rel, data)
-    return {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+def outputs_npz(outs: list[dict]) -> bytes:
+    """The device outputs as kept under hub/: `output.{i}.{name}` per held-out sample."""
+    return npz_bytes({f"output.{i}.{n}": a for i, o in enumerate(outs) for n, a in o.items()})

@@ -1,15 +1,15 @@
 """One build's AI Hub jobs as a resumable state machine: [quantize] -> compile -> inference.
 
-`step()` makes one move and returns: submit the next job, or poll the current one once. Every
-move is saved (hub/jobs.json, then manifest.json) before the next, so a kill at any point is
+`step()` makes one move: submit the next job, or poll the current one once. Every move is saved
+(manifest.json, atomically, through the Store) before the next one, so a kill at any point is
 resumed by the next run:
   - a job with an id is polled, never resubmitted;
   - a job whose unique name was reserved but whose id never came back (killed mid-submission, or
     a 5xx after AI Hub created it) is looked up by that name first, and submitted only if AI Hub
     has no job of that name;
   - a FAILED job's message is recorded and the build stays failed until `--resubmit`, which
-    resubmits from the failed job (earlier successful jobs are kept: a failed inference reruns on
-    the compiled model) and keeps the failed attempt under "history".
+    resubmits from the failed job on (earlier successful jobs are kept: a failed inference reruns
+    on the compiled model) and keeps the failed attempt under "history".
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..artifacts.inputs import checked, read_samples
-from ..artifacts.store import atomic_write_text, sha256_file
 from . import device as dev
 from .client import ATTEMPTS, Hub, HubError, Transient
 from .profile import summarize
@@ -31,37 +30,45 @@ from .routes import Route
 
 @dataclass
 class Context:
-    """What every build's jobs share: the client, the directory, the pins, and how to save."""
+    """What every build's jobs share: the client, the store, the manifest, the pins, how to save."""
     hub: Hub
-    root: Path
+    store: object                       # artifacts.store.Store, amending
     manifest: dict
-    record: dict
-    device: object                     # client.DeviceInfo
+    device: object                      # client.DeviceInfo
     qairt: str
-    recipe: object                     # core.Recipe (component logits, margins)
+    recipe: object                      # core.Recipe (component logits, margins)
     save: Callable[[], None]
     _inputs: dict = field(default_factory=dict)
 
+    @property
+    def root(self) -> Path:
+        return self.store.root
+
+    @property
+    def section(self) -> dict:
+        return self.manifest["hub"]
+
     def inputs(self, component: str, kind: str = "parity") -> tuple[list[dict], list[dict]]:
         """(inputs, references) of a component, hash-checked, read once."""
-        key = (component, kind)
-        if key not in self._inputs:
+        if (component, kind) not in self._inputs:
             info = self.manifest["components"][component]
             rec = info.get("parity_inputs") if kind == "parity" else info.get("calibration_inputs")
-            self._inputs[key] = read_samples(checked(self.root, rec, f"{kind} inputs of {component}"))
-        return self._inputs[key]
+            path = checked(self.root, rec, f"{'held-out' if kind == 'parity' else 'calibration'} inputs of {component}")
+            self._inputs[(component, kind)] = read_samples(path)
+        return self._inputs[(component, kind)]
 
     def input_names(self, component: str) -> list[str]:
         return [s["name"] for s in self.manifest["components"][component]["inputs"]]
 
 
 class BuildJobs:
-    def __init__(self, ctx: Context, route: Route, resubmit: bool = False):
-        self.ctx, self.route = ctx, route
-        self.rec = ctx.record["builds"].setdefault(route.key, {"steps": [], "history": []})
+    def __init__(self, ctx: Context, route: Route, build: dict, resubmit: bool = False):
+        self.ctx, self.route, self.build = ctx, route, build
+        self.rec = build.setdefault("hub", {"steps": [], "history": [], "files": []})
         self.rec["route"] = {**route.to_json(), "device": ctx.device.name, "qairt_version": ctx.qairt}
         if resubmit and build_state(self.rec) == "failed":
             self._reset_from_failure()
+        self.rec["state"] = build_state(self.rec)
         self._jobs: dict[str, object] = {}
         self._fresh: set[str] = set()              # step names reserved by this process
 
@@ -86,7 +93,7 @@ class BuildJobs:
         i = next(i for i, s in enumerate(steps) if s["state"] == "failed")
         self.rec["history"].append({"moved": now(), "steps": steps[i:]})
         self.rec["steps"] = steps[:i]
-        for k in ("parity", "profile", "outputs", "profile_file"):
+        for k in ("parity", "profile"):
             self.rec.pop(k, None)
 
     # ---- moves
@@ -109,11 +116,11 @@ class BuildJobs:
         attempt = 1 + sum(1 for h in self.rec["history"] for s in h["steps"] if s["kind"] == kind)
         s = {"kind": kind, "name": f"omni-export {self.route.name} {self.route.format} {kind} "
                                    f"{uuid.uuid4().hex[:8]}",
-             "id": None, "url": None, "options": self._options(kind), "state": "reserved",
+             "id": None, "url": None, "options": self._options(kind), "state": "reserved", "status": None,
              "message": None, "submitted": None, "finished": None, "attempt": attempt}
         self.rec["steps"].append(s)
         self._fresh.add(s["name"])
-        self._save()                               # the name exists on disk before AI Hub sees it
+        self._save()                               # the name is on disk before AI Hub sees it
         return s
 
     def _options(self, kind: str) -> str:
@@ -125,8 +132,8 @@ class BuildJobs:
         return f"weights_dtype={w} activations_dtype={a}"
 
     def _submit(self, kind: str, s: dict) -> None:
-        """Submit under the reserved name; a name this process did not just reserve (an earlier run
-        was killed mid-submission) or a transient error is first looked up on AI Hub."""
+        """Submit under the reserved name. A name this process did not reserve (an earlier run was
+        killed mid-submission) or a transient error is first looked up on AI Hub."""
         hub = self.ctx.hub
         delay = hub.retry_seconds
         look_up = s["name"] not in self._fresh
@@ -148,25 +155,23 @@ class BuildJobs:
                 return self._fail(s, f"not submitted: {e}")
         self._jobs[kind] = job
         s.update({"id": job.job_id, "url": job.url, "state": "submitted", "submitted": now(), "message": None})
-        self._save()
+        self._save()                               # the id and URL are on disk before anything else
 
     def _submitter(self, kind: str, s: dict) -> Callable:
         hub, m, r, ctx = self.ctx.hub, self.ctx.hub.m, self.route, self.ctx
         device = hub.Device(ctx.device)
         if kind == "quantize":
             model = self._source_model()
-            calib, _ = ctx.inputs(r.component, "calibration")
-            data = dev.dataset(calib, ctx.input_names(r.component))
+            data = self._dataset("calibration")
             w, a = r.quantize
             return lambda: hub.client.submit_quantize_job(model, data, weights_dtype=m.QuantizeDtype[w],
-                                                          activations_dtype=m.QuantizeDtype[a],
-                                                          name=s["name"])
+                                                          activations_dtype=m.QuantizeDtype[a], name=s["name"])
         if kind == "compile":
             q = self._step("quantize")
             model = self._model(q["target_model"]) if q else self._source_model()
             return lambda: hub.client.submit_compile_job(model, device=device, name=s["name"], options=s["options"])
         model = self._model(self._step("compile")["target_model"])
-        inputs = self._dataset()
+        inputs = self._dataset("parity")
         return lambda: hub.client.submit_inference_job(model, device=device, inputs=inputs, name=s["name"],
                                                        options=s["options"], profile=True)
 
@@ -182,16 +187,19 @@ class BuildJobs:
         except HubError as e:
             return self._fail(s, str(e))
         if not status.finished:
-            s.update({"state": "running", "status": status.code, "message": None})
-            return self._save()
+            if s["state"] != "running" or s.get("status") != status.code or s.get("message"):
+                s.update({"state": "running", "status": status.code, "message": None})
+                self._save()
+            return None
         if status.failure:
+            s["status"] = status.code
             return self._fail(s, hub.redact(status.message or "AI Hub reported FAILED without a message"))
         try:
             self._complete(kind, job, s)
         except Transient as e:
             s["message"] = f"downloading results: {e}; will retry"
             return self._save()
-        except (HubError, OSError) as e:
+        except (HubError, OSError, ValueError) as e:
             return self._fail(s, f"results: {e}")
         s.update({"state": "success", "status": status.code, "finished": now(), "message": None})
         self._save()
@@ -205,33 +213,35 @@ class BuildJobs:
     def _dir(self) -> str:
         return f"{DIR}/{self.route.name}-{self.route.format}"
 
+    def _keep(self, kind: str, record) -> None:
+        """Record a result file (replacing an earlier one of the same kind)."""
+        files = [f for f in self.rec.setdefault("files", []) if f.get("kind") != kind]
+        self.rec["files"] = files + [{**record.to_json(), "kind": kind}]
+
     def _complete(self, kind: str, job, s: dict) -> None:
-        hub = self.ctx.hub
+        hub, store = self.ctx.hub, self.ctx.store
         if kind in ("quantize", "compile"):
             target = hub.call(f"{kind} target model", job.get_target_model)
             if target is None:
                 raise HubError(f"the {kind} job succeeded but has no target model")
             s["target_model"] = target.model_id
             if kind == "compile":
-                self.rec["target_model"] = self._download(target)
+                self._keep("compiled_model", self._download(target))
             return
         profile = hub.call("download profile", job.download_profile)
-        rel = f"{self._dir}/profile.json"
-        atomic_write_text(self.ctx.root / rel, json.dumps(profile, indent=1, default=list) + "\n")
+        text = json.dumps(profile, indent=1, default=list) + "\n"
+        self._keep("profile", store.put_bytes(f"{self._dir}/profile.json", text.encode()))
         self.rec["profile"] = summarize(profile)
-        self.rec["profile_file"] = {"path": rel, "sha256": sha256_file(self.ctx.root / rel),
-                                    "bytes": (self.ctx.root / rel).stat().st_size}
         entries = hub.call("download output data", job.download_output_data)
         self.rec["parity"] = self._score(entries)
 
     def _score(self, entries) -> dict:
         r, ctx = self.route, self.ctx
         info = ctx.manifest["components"][r.component]
-        build = next(b for b in ctx.manifest["builds"] if f"{b['component']}/{b['format']}/{b['precision']}" == r.key)
-        threshold = float(build["parity"]["threshold_db"])
-        runner = {"kind": "device", "short": "device",
-                  "label": f"{ctx.device.name} via {ctx.hub.label.split(' (')[0]} ({r.runtime}, "
-                           f"--compute_unit {r.compute_unit}, QAIRT {ctx.qairt})"}
+        threshold = float(self.build["parity"]["threshold_db"])
+        runner = {"kind": "device", "short": f"device {r.compute_unit}",
+                  "label": f"{ctx.device.name} via {ctx.hub.label} ({r.runtime}, --compute_unit "
+                           f"{r.compute_unit}, QAIRT {ctx.qairt})"}
         inputs, refs = ctx.inputs(r.component)
         if entries is None:
             return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
@@ -241,24 +251,22 @@ class BuildJobs:
         except ValueError as e:
             return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
                     "reason": f"device outputs unusable: {e}"}
-        self.rec["outputs"] = dev.save_outputs(ctx.root, f"{self._dir}/outputs.npz", outs)
+        self._keep("outputs", ctx.store.put_bytes(f"{self._dir}/outputs.npz", dev.outputs_npz(outs)))
         parity = dev.score(ctx.recipe.component(r.component), info, refs, outs, threshold)
         return {"runner": runner, **parity, "outputs_matched": how}
 
-    def _download(self, model) -> dict | None:
-        """The compiled model, kept beside the record (what the device ran)."""
-        hub, root = self.ctx.hub, self.ctx.root
-        (root / self._dir).mkdir(parents=True, exist_ok=True)
-        path = Path(hub.call("download the compiled model", model.download, str(root / self._dir / "model")))
-        rel = path.resolve().relative_to(root.resolve()).as_posix()
-        return {"path": rel, "model_id": model.model_id, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    def _download(self, model):
+        """The compiled model, kept under hub/ (what the device ran)."""
+        staging = self.ctx.store.staging(f"hub-{self.route.name}-{self.route.format}")
+        path = Path(self.ctx.hub.call("download the compiled model", model.download, str(staging / "model")))
+        return self.ctx.store.put_file(f"{self._dir}/{path.name}", path, move=True)
 
     # ---- uploads (shared by the builds of a directory)
     def _source_model(self):
         r, ctx = self.route, self.ctx
-        src = ctx.manifest["components"][r.component]["sources"][r.upload]
+        src = ctx.manifest["components"][r.component]["sources"].get(r.upload)
         path = checked(ctx.root, src, f"{r.upload} source ONNX of {r.component}")
-        models = ctx.record["uploads"]["models"]
+        models = ctx.section["uploads"]["models"]
         if src["sha256"] in models:
             try:
                 return ctx.hub.call("get uploaded model", ctx.hub.client.get_model, models[src["sha256"]])
@@ -272,19 +280,22 @@ class BuildJobs:
     def _model(self, model_id: str):
         return self.ctx.hub.call("get model", self.ctx.hub.client.get_model, model_id)
 
-    def _dataset(self):
+    def _dataset(self, kind: str):
+        """The held-out (or calibration) inputs of the component as an AI Hub dataset, uploaded once."""
         r, ctx = self.route, self.ctx
-        known = ctx.record["uploads"]["datasets"]
-        if r.component in known:
+        known = ctx.section["uploads"]["datasets"]
+        key = f"{r.component}/{kind}"
+        if key in known:
             try:
-                ds = ctx.hub.call("get dataset", ctx.hub.client.get_dataset, known[r.component])
+                ds = ctx.hub.call("get dataset", ctx.hub.client.get_dataset, known[key])
                 if not ds.is_expired():
                     return ds
             except HubError:
                 pass
-        inputs, _ = ctx.inputs(r.component)
-        ds = ctx.hub.call("upload held-out inputs", ctx.hub.client.upload_dataset,
-                          dev.dataset(inputs, ctx.input_names(r.component)), name=f"omni-export {r.component} held-out")
-        known[r.component] = ds.dataset_id
+        inputs, _ = ctx.inputs(r.component, kind)
+        what = "held-out" if kind == "parity" else "calibration"
+        ds = ctx.hub.call(f"upload {what} inputs", ctx.hub.client.upload_dataset,
+                          dev.dataset(inputs, ctx.input_names(r.component)), name=f"omni-export {r.component} {what}")
+        known[key] = ds.dataset_id
         ctx.save()
         return ds

@@ -35,6 +35,7 @@ class Route:
     runtime: str               # AI Hub --target_runtime
     compute_unit: str          # AI Hub --compute_unit
     upload: str                # source key of the ONNX uploaded: fp32 | w8a16 | w8a8
+    upload_sha256: str = ""    # of that ONNX (a rebuild with the same bytes keeps its AI Hub jobs)
     quantize: tuple[str, str] | None = None   # (weights, activations) QuantizeDtype names: AI Hub quantizes
 
     @property
@@ -62,18 +63,20 @@ class Route:
 
     def to_json(self) -> dict:
         return {"runtime": self.runtime, "compute_unit": self.compute_unit, "upload": self.upload,
-                "quantized_by": self.quantized_by}
+                "upload_sha256": self.upload_sha256, "quantized_by": self.quantized_by,
+                "steps": list(self.steps)}
 
 
 def plan(manifest: dict, target: Target, quantize_on: str = "local", components: tuple = (),
-         formats: tuple = ()) -> tuple[list[Route], list[dict]]:
+         formats: tuple = (), precisions: tuple = ()) -> tuple[list[Route], list[dict]]:
     """(routes for the builds to submit, [{key, reason}] for the builds left out)."""
     if quantize_on not in ("local", "hub"):
         raise ValueError(f"quantize_on must be local or hub, not {quantize_on}")
     routes, left = [], []
     for b in manifest["builds"]:
         key = f"{b['component']}/{b['format']}/{b['precision']}"
-        if (components and b["component"] not in components) or (formats and b["format"] not in formats):
+        if ((components and b["component"] not in components) or (formats and b["format"] not in formats)
+                or (precisions and b["precision"] not in precisions)):
             continue
         reason = _why_not(manifest, target, b)
         if reason:
@@ -82,10 +85,15 @@ def plan(manifest: dict, target: Target, quantize_on: str = "local", components:
         place = target.place(b["component"])
         prec = Precision(b["precision"])
         hub_quantizes = quantize_on == "hub" and prec.quantized
+        upload = "fp32" if hub_quantizes else source_key(prec)
+        sources = manifest["components"][b["component"]]["sources"]
+        if upload not in sources or "path" not in sources[upload]:
+            left.append({"key": key, "reason": f"no {upload} source ONNX kept"})
+            continue
         routes.append(Route(
             key=key, name=b["name"], component=b["component"], format=b["format"], precision=b["precision"],
             runtime=place.hub_runtimes[Format(b["format"])], compute_unit=place.hub_compute_unit,
-            upload="fp32" if hub_quantizes else source_key(prec),
+            upload=upload, upload_sha256=sources[upload]["sha256"],
             quantize=QUANTIZE_DTYPES[prec.value] if hub_quantizes else None))
     return routes, left
 

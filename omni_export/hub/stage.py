@@ -1,15 +1,15 @@
 """`omni-export hub submit OUT` (and `--hub` after a build): accepted builds -> AI Hub -> verdicts.
 
 Everything comes from OUT: manifest.json (accepted builds, gates, placement), sources/ (the ONNX
-to upload), parity-inputs/ (held-out inputs and fp32 references, calibration inputs). The result
-goes back into OUT: hub/jobs.json, each build's "hub" dict and a top-level "hub" in
-manifest.json, the reports. A build whose device outputs fall under its gate is rejected like a
-local one: status "rejected" (rejected_by "device"), its files moved to rejected/.
+to upload), parity-inputs/ (held-out inputs and fp32 references, calibration inputs). The results
+go back into OUT through the Store (amend mode: journal, atomic writes): each build's "hub" and
+the top-level "hub" in manifest.json (rewritten after every change), result files under hub/,
+the reports. A build whose device outputs fall under its gate is rejected like a local one:
+status "rejected", rejected_by "device", its files moved under rejected/.
 """
 from __future__ import annotations
 
 import copy
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ class SubmitOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S  # stop waiting (jobs keep running; rerun to keep waiting)
     components: tuple = ()
     formats: tuple = ()
+    precisions: tuple = ()
 
 
 @dataclass
@@ -46,42 +47,59 @@ class _Silent:
         pass
 
 
-def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None) -> Outcome:
-    from ..commands.reports import load_manifest
+def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None,
+           previous: dict | None = None) -> Outcome:
+    """Submit the accepted builds of OUT and wait for their jobs (up to opts.timeout_s).
+
+    `previous` is the manifest OUT held before a rebuild: the AI Hub jobs of builds whose uploaded
+    ONNX is byte-identical are adopted (waited on, their results downloaded again), not resubmitted."""
+    from ..artifacts.store import Store
     from ..recipes import get_recipe
     from ..targets import get_target
 
     progress = progress or _Silent()
-    root, m = load_manifest(out)
-    target = get_target(m["target"]["name"])
-    recipe = get_recipe(m["recipe"]["name"])
+    store = Store(Path(out))
     if hub is None or hub.client is None:
-        hub = (hub or Hub()).connect()
-    with records.lock(root):
-        record = records.load(root) or records.new(hub.label)
-        record["client"] = hub.label
-        device = pin_device(hub, record, target, opts.device)
-        qairt = pin_qairt(hub, record, m, opts.qairt)
-        routes, left = plan(m, target, opts.quantize_on, tuple(opts.components), tuple(opts.formats))
-        if not routes and not record["builds"]:
-            raise UsageError("nothing to submit to AI Hub: " +
-                             "; ".join(f"{x['key']}: {x['reason']}" for x in left[:4]) if left else
-                             "nothing to submit to AI Hub: no build matches")
-        record["left_out"] = left
+        hub = (hub or Hub()).connect()          # the token is checked before OUT is touched
+    m = store.amend("hub")
+    try:
+        target, recipe = get_target(m["target"]["name"]), get_recipe(m["recipe"]["name"])
+        section = m.get("hub") or records.new_section(hub.label)
+        if previous and previous.get("hub") and not m.get("hub"):
+            section["uploads"] = copy.deepcopy(previous["hub"].get("uploads") or section["uploads"])
+            for k in ("device", "qairt_version"):
+                section[k] = copy.deepcopy(previous["hub"].get(k))
+        m["hub"] = section
+        section["client"] = hub.label
+        device = pin_device(hub, m, target, opts.device)
+        qairt = pin_qairt(hub, m, opts.qairt)
+        routes, left = plan(m, target, opts.quantize_on, tuple(opts.components), tuple(opts.formats),
+                            tuple(opts.precisions))
+        if not routes and not records.submitted(m):
+            raise UsageError("nothing to submit to AI Hub: " + ("; ".join(f"{x['key']}: {x['reason']}" for x in left[:4])
+                                                               or "no build matches"))
+        section["left_out"] = left
+        builds = {records.key(b): b for b in m["builds"]}
+        if previous:
+            _adopt(builds, previous, routes, device, qairt)
+        stale: list[str] = []
 
         def save() -> None:
-            records.save(root, record)
-            apply(root, m, record, recipe)
-            from ..artifacts.store import atomic_write_json
+            stale.extend(apply(store, m, recipe))
+            store.write_manifest(m)
+            store.remove(stale)
+            stale.clear()
 
-            atomic_write_json(root / "manifest.json", m)
-
-        ctx = Context(hub, root, m, record, device, qairt, recipe, save)
-        tasks = [BuildJobs(ctx, r, opts.resubmit) for r in routes]
+        ctx = Context(hub, store, m, device, qairt, recipe, save)
+        tasks = [BuildJobs(ctx, r, builds[r.key], opts.resubmit) for r in routes]
         save()
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
-        _reports(root, m)
+        _reports(store, m)
+        store.finish(m)
+    except BaseException:
+        store.abort()
+        raise
     return Outcome(m, exit_code(m), notes(m))
 
 
@@ -89,8 +107,7 @@ def _wait(tasks: list[BuildJobs], hub: Hub, timeout_s: float, progress) -> None:
     deadline = time.time() + max(0.0, timeout_s)
     seen: dict[str, str] = {}
     while True:
-        live = [t for t in tasks if not t.finished]
-        for t in live:
+        for t in [t for t in tasks if not t.finished]:
             t.step()
             _announce(t, seen, progress)
         if all(t.finished for t in tasks) or time.time() >= deadline:
@@ -106,22 +123,51 @@ def _announce(t: BuildJobs, seen: dict, progress) -> None:
             seen[key] = state
             what = f"{t.route.key} {s['kind']}"
             if state == "submitted":
-                progress.note(f"AI Hub: {what} job {s['id']} submitted ({s['url']})")
+                progress.note(f"AI Hub: {what} job {s['id']} ({s['url']})")
             elif state == "success":
                 progress.note(f"AI Hub: {what} job {s['id']} succeeded")
             else:
                 progress.note(f"AI Hub: {what} job {s.get('id') or '(not created)'} FAILED: {s['message']}")
+    if t.rec.get("parity") and seen.get(t.route.key) != "scored":
+        seen[t.route.key] = "scored"
+        p = t.rec["parity"]
+        progress.note(f"AI Hub: {t.route.key} on the device: {p['verdict']} ({p['reason']})")
+
+
+def _adopt(builds: dict, previous: dict, routes, device: DeviceInfo, qairt: str) -> None:
+    """Take over the jobs of the build OUT held before a rebuild, for builds whose uploaded ONNX,
+    route, device and QAIRT are unchanged. Finished jobs are polled again so their results
+    (downloaded files were pruned with the old build) come back without a new submission."""
+    old = {records.key(b): b.get("hub") for b in previous.get("builds", []) if isinstance(b.get("hub"), dict)}
+    for r in routes:
+        rec, b = old.get(r.key), builds[r.key]
+        if not rec or b.get("hub"):
+            continue
+        route = rec.get("route") or {}
+        if (route.get("upload_sha256") != r.upload_sha256 or route.get("runtime") != r.runtime
+                or route.get("compute_unit") != r.compute_unit or route.get("device") != device.name
+                or route.get("qairt_version") != qairt or list(route.get("steps") or []) != list(r.steps)):
+            continue
+        rec = copy.deepcopy(rec)
+        for s in rec.get("steps", []):
+            if s["state"] == "success":
+                s["state"] = "submitted"         # results are fetched again from the same job
+        rec.pop("parity", None)
+        rec.pop("profile", None)
+        rec["files"] = []
+        rec["adopted"] = records.now()
+        b["hub"] = rec
 
 
 # ------------------------------------------------------------------------------------------ pinning
 
-def pin_device(hub: Hub, record: dict, target, requested: str | None) -> DeviceInfo:
+def pin_device(hub: Hub, m: dict, target, requested: str | None) -> DeviceInfo:
     """The device every job of this directory runs on: recorded at the first submission."""
-    recorded = record.get("device")
-    has_jobs = any(b.get("steps") for b in record["builds"].values())
-    if recorded and has_jobs:
+    section = m["hub"]
+    recorded = section.get("device")
+    if recorded and records.has_jobs(m):
         if requested and requested != recorded["name"]:
-            raise HubUsageError(f"the AI Hub jobs recorded in hub/jobs.json ran on '{recorded['name']}'; "
+            raise HubUsageError(f"the AI Hub jobs recorded in manifest.json ran on '{recorded['name']}'; "
                                 f"to run on '{requested}', copy the build to another directory first")
         return DeviceInfo(recorded["name"], recorded["os"], recorded["attributes"])
     name = requested or target.hub_device
@@ -129,20 +175,20 @@ def pin_device(hub: Hub, record: dict, target, requested: str | None) -> DeviceI
         raise HubUsageError(f"target {target.name} names no AI Hub device; pass --device "
                             f"(omni-export hub devices lists them)")
     info = hub.device(name)
-    record["device"] = info.to_json()
+    section["device"] = info.to_json()
     return info
 
 
-def pin_qairt(hub: Hub, record: dict, manifest: dict, requested: str | None) -> str:
+def pin_qairt(hub: Hub, m: dict, requested: str | None) -> str:
     """The QAIRT version every compile and inference job pins (--qairt_version), recorded once.
 
     Default: the QNN major.minor the local HTP simulator scored with, when AI Hub offers it (the
     device then runs the same QNN release as the local verdict), else AI Hub's default version."""
-    pinned = (record.get("qairt_version") or {}).get("pinned")
-    has_jobs = any(b.get("steps") for b in record["builds"].values())
-    if pinned and has_jobs:
+    section = m["hub"]
+    pinned = (section.get("qairt_version") or {}).get("pinned")
+    if pinned and records.has_jobs(m):
         if requested and requested != pinned:
-            raise HubUsageError(f"the AI Hub jobs recorded in hub/jobs.json pinned QAIRT {pinned}; "
+            raise HubUsageError(f"the AI Hub jobs recorded in manifest.json pinned QAIRT {pinned}; "
                                 f"to use {requested}, copy the build to another directory first")
         return pinned
     frameworks = [f for f in hub.frameworks() if f.name.upper() == "QAIRT"]
@@ -153,33 +199,31 @@ def pin_qairt(hub: Hub, record: dict, manifest: dict, requested: str | None) -> 
                                 f"--qairt-version {requested} is not one of them")
         version, why = requested, "--qairt-version"
     else:
-        local = ".".join(str(manifest["toolchain"].get("qnn") or "").split(".")[:2])
+        local = ".".join(str(m["toolchain"].get("qnn") or "").split(".")[:2])
         default = next((f.api_version for f in frameworks if "default" in f.api_tags), None)
         if local in offered:
             version, why = local, f"the QNN release the local HTP simulator scored with (QNN {local})"
         elif default:
-            version, why = default, (f"AI Hub's default; the local simulator's QNN {local or 'unknown'} "
-                                     f"is not offered")
+            version, why = default, f"AI Hub's default; the local simulator's QNN {local or 'unknown'} is not offered"
         else:
             raise HubUsageError("AI Hub lists no default QAIRT version; pass --qairt-version")
-    record["qairt_version"] = {"pinned": version, "full": offered[version].full_version, "why": why,
-                               "offered": sorted(offered)}
+    section["qairt_version"] = {"pinned": version, "full": offered[version].full_version, "why": why,
+                                "offered": sorted(offered)}
     return version
 
 
 # ------------------------------------------------------------------------------------------ results
 
-def apply(root: Path, m: dict, record: dict, recipe) -> None:
-    """Merge the record into the manifest: each build's "hub", device rejections, summaries, RTF."""
+def apply(store, m: dict, recipe) -> list[str]:
+    """Fold the jobs' results into the manifest: device rejections, summaries, the RTF estimate.
+    Returns the paths a device rejection moved away from (removed once the manifest is written)."""
     from .rtf import estimate
 
+    moved = []
     for b in m["builds"]:
-        r = record["builds"].get(f"{b['component']}/{b['format']}/{b['precision']}")
-        if r is None:
-            continue
-        b["hub"] = copy.deepcopy(r)
-        if (r.get("parity") or {}).get("verdict") == "rejected" and b["status"] == "accepted":
-            _reject_on_device(root, b)
+        verdict = ((b.get("hub") or {}).get("parity") or {}).get("verdict")
+        if verdict == "rejected" and b["status"] == "accepted":
+            moved += _reject_on_device(store, b)
     for name, info in m["components"].items():
         info["accepted"] = any(b["status"] == "accepted" for b in m["builds"] if b["component"] == name)
     m["summary"].update({
@@ -187,30 +231,32 @@ def apply(root: Path, m: dict, record: dict, recipe) -> None:
         "rejected": sum(b["status"] == "rejected" for b in m["builds"]),
         "components_without_accepted_build": sorted(c for c, i in m["components"].items() if not i["accepted"]),
     })
-    submitted = sorted({r.split("/")[0] for r in record["builds"]})
+    section = m["hub"]
+    subs = records.submitted(m)
+    comps = sorted({k.split("/")[0] for k in subs})
     verified = {b["component"] for b in m["builds"]
                 if ((b.get("hub") or {}).get("parity") or {}).get("verdict") == "accepted"}
-    m["hub"] = {
-        "client": record["client"], "record": records.RECORD, "device": record["device"],
-        "qairt_version": record["qairt_version"], "updated": records.now(),
-        "summary": {**records.summary(record), "components": submitted,
-                    "components_without_device_accepted_build": [c for c in submitted if c not in verified]},
-        "left_out": record.get("left_out", []),
-        "rtf": estimate(m, recipe.realtime, m["options"].get("recipe_options") or {}, source=record["client"]),
-    }
+    section["updated"] = records.now()
+    section["summary"] = {**records.summary(m), "components": comps,
+                          "components_without_device_accepted_build": [c for c in comps if c not in verified]}
+    section["rtf"] = estimate(m, recipe.realtime, m["options"].get("recipe_options") or {},
+                              source=section["client"])
+    return moved
 
 
-def _reject_on_device(root: Path, b: dict) -> None:
-    """Rejected on the device: the same fate as a local rejection (files under rejected/)."""
-    (root / "rejected").mkdir(exist_ok=True)
+def _reject_on_device(store, b: dict) -> list[str]:
+    """Rejected on the device: the same fate as a local rejection (files under rejected/). The files
+    are linked there first; the old paths go once the manifest naming the new ones is written."""
+    old = []
     for f in b["files"]:
-        src = root / f["path"]
-        dest = root / "rejected" / Path(f["path"]).name
-        if src.exists() and src != dest:
-            os.replace(src, dest)
-        f["path"] = dest.relative_to(root).as_posix()
+        if f["path"].startswith("rejected/"):
+            continue
+        rec = store.put_file(f"rejected/{Path(f['path']).name}", store.root / f["path"])
+        old.append(f["path"])
+        f["path"] = rec.path
     b["status"] = "rejected"
     b["rejected_by"] = "device"
+    return old
 
 
 def exit_code(m: dict) -> int:
@@ -231,10 +277,11 @@ def notes(m: dict) -> list[str]:
     return out
 
 
-def _reports(root: Path, m: dict) -> None:
+def _reports(store, m: dict) -> None:
     from ..commands.reports import recorded_regate
     from ..parity.regate import regate
     from ..reports import write_reports
 
-    old = recorded_regate(root)
-    write_reports(root, m, regate(m, old["gates_db"], old.get("fail_under_db")) if old else None)
+    old = recorded_regate(store.root)
+    write_reports(store.root, m, regate(m, old["gates_db"], old.get("fail_under_db")) if old else None,
+                  write=store.write_text)

@@ -1,7 +1,9 @@
 """parity.json: every build's scores and verdict, derived from the manifest alone.
 
 Its shape is documented by omni_export/schemas/parity.schema.json (schema_version 2). An
-optional "regated" block records `omni-export parity --gate ...` beside the build-time verdicts.
+optional "regated" block records `omni-export parity --gate ...` beside the build-time verdicts;
+builds submitted to AI Hub carry a "device" block (the phone's scores beside the local ones) and
+the document a top-level "hub" (device, QAIRT pin, summary, RTF estimate).
 """
 from __future__ import annotations
 
@@ -33,7 +35,20 @@ def parity_json(m: dict, regated: dict | None = None) -> dict:
         "end_to_end": m.get("end_to_end", []),
         "summary": m["summary"],
         "regated": regated,
+        **({"hub": parity_hub(m)} if m.get("hub") else {}),
     })
+
+
+def parity_device(m: dict, b: dict):
+    from ..reports.hub import parity_device as device
+
+    return device(m, b)
+
+
+def parity_hub(m: dict):
+    from ..reports.hub import parity_hub as hub
+
+    return hub(m)
 
 
 def _build(m: dict, b: dict) -> dict:
@@ -47,7 +62,8 @@ def _build(m: dict, b: dict) -> dict:
             "threshold_db": p.get("threshold_db"), "verdict": b["status"], "reason": p.get("reason"),
             "min_snr_db": None if low is None else as_json_db(low), "outputs": outputs,
             "files": [{"path": f["path"], "bytes": f["bytes"]} for f in b.get("files", [])],
-            "samples": [s["path"] for s in b.get("samples", [])]}
+            "samples": [s["path"] for s in b.get("samples", [])],
+            **({"device": parity_device(m, b)} if b.get("hub") else {})}
 
 
 def clean(obj):

@@ -8,7 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..hub.profile import split
+from ..hub.rtf import lines as rtf_lines
 from . import audio, figures
+from .hub import device_rows
 from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
                    weakest_blocks)
 
@@ -22,7 +25,8 @@ def render(root: Path, m: dict, regated: dict | None = None) -> str:
                     for name, info in m["components"].items()],
         audio=audio.sections(root, m, rows),
         weakest=weakest_blocks(m),
-        hub_rows=[r for r in rows if r.hub],
+        hub=m.get("hub"), hub_rows=device_rows(m),
+        rtf_lines=rtf_lines(m["hub"]["rtf"]) if (m.get("hub") or {}).get("rtf") else [],
         end_to_end=m.get("end_to_end"),
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
     )
@@ -34,7 +38,7 @@ def _environment():
     env = Environment(loader=PackageLoader("omni_export.reports", "templates"),
                       autoescape=select_autoescape(["html", "j2"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha)
+    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha, units=split)
     return env
 
 

@@ -5,6 +5,7 @@ per-block tables and full provenance live in report.html.
 """
 from __future__ import annotations
 
+from . import hub
 from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
                    weakest_blocks)
 
@@ -22,6 +23,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += _rejected(rows, regated)
     lines += _fail_under(regated)
     lines += _weakest(m)
+    lines += hub.markdown(m)
     if m.get("skipped"):
         lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']} {s['precision']} ({s['reason']})"
                                                 for s in m["skipped"])]

@@ -73,10 +73,17 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
         runner_label=runner.get("label", "no runner (not built)"),
         threshold_db=(again or p).get("threshold_db"),
         verdict=(again or {}).get("verdict", b["status"]),
-        reason=(again or {}).get("reason") or p.get("reason") or b.get("error") or "",
+        reason=(again or {}).get("reason") or _device_reason(b) or p.get("reason") or b.get("error") or "",
         built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
         bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
         samples=tuple(b.get("samples", [])), hub=b.get("hub"))
+
+
+def _device_reason(b: dict) -> str:
+    """A build accepted locally and rejected on the phone: the phone's reason."""
+    if b.get("rejected_by") != "device":
+        return ""
+    return "on the device (AI Hub): " + str(((b.get("hub") or {}).get("parity") or {}).get("reason"))
 
 
 def components_without_accepted(m: dict, rows: list[BuildRow]) -> list[str]:
