@@ -29,6 +29,9 @@ Rules (each a dict; every rule whose "match" fits applies, later keys win):
   inference_time_us: n  the profile's estimated_inference_time (default: 25 µs per ONNX node,
                         x2 on GPU, x6 on CPU)
   cpu_layers: k         k layers of the profile on the CPU (fallback)
+Top-level "kill_after_create": "inference" (or another kind) ends the calling process with
+os._exit(137) right after the first such job is created, before its id is returned (a kill
+mid-submission; fires once).
 
 What the fake computes: outputs by running the uploaded ONNX (or, after a quantize job, a QDQ
 model made with ONNX Runtime's static quantization on the uploaded calibration set) on ONNX
@@ -163,17 +166,32 @@ class Server:
                 tmp.write_text(json.dumps(db))
                 os.replace(tmp, p)
 
-    def handle(self, name: str, config, *args, **kwargs):
+    def handle(self, endpoint: str, config, /, *args, **kwargs):
         from qai_hub.public_rest_api import APIException
 
         token = getattr(config, "api_token", None)
+        name = endpoint
         with open(self.root / "calls.jsonl", "a") as f:
             f.write(json.dumps({"fn": name, "time": time.time(), "pid": os.getpid()}) + "\n")
         tokens = self.scenario.get("tokens")
         if not token or (tokens is not None and token not in tokens):
             raise APIException(status_code=401, url=f"{WEB}/api/v1/")
         with self._db() as db:
-            return getattr(self, name)(db, token, *args, **kwargs)
+            result = getattr(self, name)(db, token, *args, **kwargs)
+        self._maybe_die(name)
+        return result
+
+    def _maybe_die(self, name: str) -> None:
+        """Rule {"kill_after_create": "compile" | "quantize" | "inference"}: end this process like a
+        SIGKILL right after AI Hub created such a job, before its id reaches the caller (the rule
+        fires once; scenario["killed"] records it)."""
+        kind = name.removeprefix("create_").removesuffix("_job")
+        p = self.root / "scenario.json"
+        s = json.loads(p.read_text()) if p.exists() else {}
+        if name.startswith("create_") and s.get("kill_after_create") == kind and not s.get("killed"):
+            s["killed"] = kind
+            p.write_text(json.dumps(s, indent=1))
+            os._exit(137)
 
     def _new_id(self, db, prefix: str) -> str:
         db["counter"] += 1
@@ -539,7 +557,7 @@ class Server:
             db["datasets"][did] = {"id": did, "name": f"{j['name']} outputs", "created": int(now),
                                    "expires": int(now + 30 * 86400), "names": list(outputs)}
             j["output_dataset"] = did
-        j["profile"] = self._profile(model, j, rules)
+        j["profile_data"] = self._profile(model, j, rules)
 
     @staticmethod
     def _device_output(a, model: dict, rules: dict, rng) -> np.ndarray:
@@ -594,7 +612,7 @@ class Server:
         if j.get("dataset"):
             job.dataset.CopyFrom(self.get_dataset(db, None, j["dataset"]))
         if j["state"] == "JOB_STATE_DONE":
-            job.execution_time = j["profile"]["time"]
+            job.execution_time = j["profile_data"]["time"]
             ins, _ = _onnx_io(db["models"][j["model"]]["onnx"], db["models"][j["model"]].get("io_fp16", False))
             job.tensor_type_list.CopyFrom(_tensor_list(ins))
         return pb.Job(inference_job=job)
@@ -607,7 +625,7 @@ class Server:
             raise self._missing("Job", job_id)
         if j["kind"] != "inference" or j["state"] != "JOB_STATE_DONE":
             return pb.JobResult()
-        p = j["profile"]
+        p = j["profile_data"]
         detail = pb.ProfileDetail(major_version=1, minor_version=2, execution_time=p["time"],
                                   after_execution_peak_memory=p["peak"], cold_load_time=p["load"],
                                   warm_load_time=p["load"] // 3, compile_time=p["load"] * 2,
