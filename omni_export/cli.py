@@ -110,13 +110,22 @@ def list_cmd():
     for t in TARGETS.values():
         click.echo(f"  {t.name:12s} {t.device}; formats {','.join(f.value for f in t.formats)}; "
                    f"default precisions {','.join(p.value for p in t.default_precisions)}")
-        for comp, place in t.placement.items():
-            click.echo(f"  {'':12s} {comp} on the {place.unit_name}: {','.join(f.value for f in place.formats)} "
-                       f"at {','.join(p.value for p in place.precisions)}")
+        if t.placement:
+            rest = t.place("")
+            click.echo(f"  {'':12s} placement: {', '.join(t.placement)} on the {_units(t.placement.values())}; "
+                       f"the other components on the {rest.unit_name}")
+            for comp, place in [*t.placement.items(), ("others", rest)]:
+                click.echo(f"  {'':12s}   {comp}: {','.join(f.value for f in place.formats)} at "
+                           f"{','.join(p.value for p in place.precisions)} (AI Hub --compute_unit "
+                           f"{place.hub_compute_unit})")
     click.echo("precisions: " + ", ".join(p.value for p in Precision))
     click.echo("formats:")
     for f in Format:
         click.echo(f"  {f.value:5s} .{f.extension:9s} precisions {','.join(p.value for p in FORMAT_PRECISIONS[f])}")
+
+
+def _units(places) -> str:
+    return ", ".join(sorted({p.unit_name for p in places}))
 
 
 def _recipe_command(name: str) -> click.Command:

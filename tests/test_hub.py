@@ -165,7 +165,7 @@ def test_submit_compiles_profiles_runs_and_scores_every_accepted_build(hub, out)
     h = m["hub"]
     assert h["device"]["name"] == "Samsung Galaxy S25 (Family)"
     assert h["device"]["chipset"] == "qualcomm-snapdragon-8-elite-for-galaxy"
-    assert h["qairt_version"]["pinned"] == "2.51" and "local HTP simulator" in h["qairt_version"]["why"]
+    assert h["qairt_version"]["pinned"] == "2.51" and h["qairt_version"]["why"] == "the QNN of the local toolchain (onnxruntime-qnn's QNN 2.51)"
     b = {f"{x['component']}/{x['format']}/{x['precision']}": x for x in m["builds"]}
     npu, npu8, gpu, gpu16 = (b[k]["hub"] for k in (NPU, NPU8, GPU, GPU16))
     assert [s["kind"] for s in npu["steps"]] == ["compile", "inference"]

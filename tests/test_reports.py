@@ -162,7 +162,18 @@ def html_run(tmp_path_factory):
 
 
 def _with_hub(m: dict) -> dict:
-    m["builds"][1]["hub"] = {"compile_job": "jabc123", "profile": {"inference_ms": 4.2}}
+    b = m["builds"][1]
+    b["hub"] = {"route": {"runtime": "qnn_context_binary", "compute_unit": "npu", "upload": "fp32",
+                          "device": "Samsung Galaxy S25 (Family)", "qairt_version": "2.41"},
+                "state": "done", "history": [], "files": [],
+                "steps": [{"kind": "compile", "name": "n", "id": "jabc123", "url": "https://aihub.example/jobs/jabc123/",
+                           "options": "--target_runtime qnn_context_binary", "state": "success", "message": None}],
+                "profile": {"inference_ms": 4.2, "peak_memory_mb": 12.5, "compute_units": {"NPU": 40, "GPU": 0, "CPU": 2}},
+                "parity": {**b["parity"], "runner": {"kind": "device", "short": "device npu", "label": "S25"}}}
+    m["hub"] = {"client": "Qualcomm AI Hub (qai-hub 0.56.0)", "device": {"name": "Samsung Galaxy S25 (Family)",
+                "os": "15", "chipset": "qualcomm-snapdragon-8-elite-for-galaxy", "attributes": []},
+                "qairt_version": {"pinned": "2.41", "why": "--qairt-version"}, "uploads": {"models": {}, "datasets": {}},
+                "summary": {}, "rtf": None}
     m["end_to_end"] = {"code_agreement": 0.993, "wav_snr_db": 31.5}
     return m
 
@@ -183,7 +194,7 @@ def test_html_shows_every_build_reason_provenance_and_optional_sections(html_run
         if b["status"] == "rejected":
             assert str(escape(b["parity"]["reason"])) in html
     for text in ("demo, random weights", "0123456789abcdef0123456789abcdef01234567", "ci-host", "onnxruntime-qnn 2.7.0",
-                 "Per-block fidelity", "jabc123", "code_agreement", "Nothing was skipped"):
+                 "Per-block fidelity", "jabc123", "code_agreement", "Nothing was skipped", "NPU 40 · CPU 2", "4.20"):
         assert text in html, text
 
 

@@ -256,3 +256,52 @@ def test_an_unreadable_manifest_in_out_needs_force(tmp_path):
     assert str(e.value) == (f"{out}/manifest.json is not readable JSON; pass --force to replace that build or "
                             f"choose another --out")
     Store(out).begin("r", "t", force=True)
+
+
+# --------------------------------------------------------------- amending a finished build (AI Hub)
+
+def test_amend_adds_files_and_rewrites_the_manifest_only_over_files_in_place(tmp_path):
+    out = tmp_path / "out"
+    (x,) = _build(out)
+    st = Store(out)
+    m = st.amend("hub")
+    assert json.loads((out / MARKER).read_text())["mode"] == "hub" and (out / "manifest.json").exists()
+    rec = st.put_bytes("hub/b/profile.json", b"{}")
+    m["builds"][0]["hub"] = {"files": [{**rec.to_json(), "kind": "profile"}]}
+    st.write_manifest(m)                                        # listed file in place: written now
+    assert json.loads((out / "manifest.json").read_text())["builds"][0]["hub"]["files"][0]["path"] == "hub/b/profile.json"
+    m["builds"][0]["hub"]["files"].append({"path": "hub/b/missing.npz", "sha256": "0" * 64, "bytes": 1})
+    with pytest.raises(ValueError, match="not in place: hub/b/missing.npz"):
+        st.write_manifest(m)
+    m["builds"][0]["hub"]["files"].pop()
+    st.finish(m)
+    assert not (out / MARKER).exists() and (out / "x.onnx").exists() and (out / "hub/b/profile.json").exists()
+
+
+def test_an_aborted_amend_removes_only_what_it_put_and_never_listed(tmp_path):
+    out = tmp_path / "out"
+    _build(out)
+    st = Store(out)
+    st.amend("hub")
+    st.put_bytes("hub/b/outputs.npz", b"1")                     # put, but the manifest never named it
+    assert st.abort() is False
+    assert not (out / "hub/b/outputs.npz").exists() and not (out / MARKER).exists()
+    assert (out / "x.onnx").exists() and (out / "manifest.json").exists() and (out / "report.md").exists()
+
+
+def test_amend_takes_over_a_killed_amend_and_refuses_an_unfinished_build(tmp_path):
+    out = tmp_path / "out"
+    _build(out)
+    st = Store(out)
+    st.amend("hub")
+    st.put_bytes("hub/b/outputs.npz", b"1")
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).write_text(json.dumps({**marker, "pid": 999999999}))     # the process was killed
+    again = Store(out)
+    m = again.amend("hub")
+    assert again.recovered["mode"] == "hub"
+    again.finish(m)                                              # its unlisted file is removed
+    assert not (out / "hub/b/outputs.npz").exists() and not (out / "hub").exists()
+    Store(out).begin("r", "t", force=False)                      # a build run starts (and dies)
+    with pytest.raises(UsageError, match="holds an unfinished build"):
+        Store(out).amend("hub")

@@ -182,8 +182,9 @@ def pin_device(hub: Hub, m: dict, target, requested: str | None) -> DeviceInfo:
 def pin_qairt(hub: Hub, m: dict, requested: str | None) -> str:
     """The QAIRT version every compile and inference job pins (--qairt_version), recorded once.
 
-    Default: the QNN major.minor the local HTP simulator scored with, when AI Hub offers it (the
-    device then runs the same QNN release as the local verdict), else AI Hub's default version."""
+    Default: the major.minor of the QNN the local toolchain ships (onnxruntime-qnn's, which the HTP
+    simulator, the DLC and the context binaries use), when AI Hub offers it, so the device runs the
+    QNN release the local verdicts came from; else AI Hub's default version."""
     section = m["hub"]
     pinned = (section.get("qairt_version") or {}).get("pinned")
     if pinned and records.has_jobs(m):
@@ -202,9 +203,9 @@ def pin_qairt(hub: Hub, m: dict, requested: str | None) -> str:
         local = ".".join(str(m["toolchain"].get("qnn") or "").split(".")[:2])
         default = next((f.api_version for f in frameworks if "default" in f.api_tags), None)
         if local in offered:
-            version, why = local, f"the QNN release the local HTP simulator scored with (QNN {local})"
+            version, why = local, f"the QNN of the local toolchain (onnxruntime-qnn's QNN {local})"
         elif default:
-            version, why = default, f"AI Hub's default; the local simulator's QNN {local or 'unknown'} is not offered"
+            version, why = default, f"AI Hub's default; the local toolchain's QNN {local or 'unknown'} is not offered"
         else:
             raise HubUsageError("AI Hub lists no default QAIRT version; pass --qairt-version")
     section["qairt_version"] = {"pinned": version, "full": offered[version].full_version, "why": why,
