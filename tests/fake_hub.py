@@ -29,6 +29,8 @@ Rules (each a dict; every rule whose "match" fits applies, later keys win):
   inference_time_us: n  the profile's estimated_inference_time (default: 25 µs per ONNX node,
                         x2 on GPU, x6 on CPU)
   cpu_layers: k         k layers of the profile on the CPU (fallback)
+Top-level "offline": [endpoint names] makes those calls fail with a connection error (the
+network is down for them), e.g. ["get_device_list"] or ["get_job"].
 Top-level "kill_after_create": "inference" (or another kind) ends the calling process with
 os._exit(137) right after the first such job is created, before its id is returned (a kill
 mid-submission; fires once).
@@ -173,6 +175,10 @@ class Server:
         name = endpoint
         with open(self.root / "calls.jsonl", "a") as f:
             f.write(json.dumps({"fn": name, "time": time.time(), "pid": os.getpid()}) + "\n")
+        if name in self.scenario.get("offline", []):
+            import requests
+
+            raise requests.exceptions.ConnectionError(f"fake network down ({name})")
         tokens = self.scenario.get("tokens")
         if not token or (tokens is not None and token not in tokens):
             raise APIException(status_code=401, url=f"{WEB}/api/v1/")

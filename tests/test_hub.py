@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 import fake_hub
@@ -258,7 +259,12 @@ def test_a_build_whose_device_outputs_fall_under_the_gate_is_rejected(hub, out):
     assert "on the device (AI Hub): output 'projected'" in md
     assert builds_by(m)[("code2wav", "onnx", "fp32")]["status"] == "accepted"
     jsonschema.validate(m, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    assert cli("verify", str(out)).exit_code == 0
+    v = cli("verify", str(out), "--rescore")          # the local verdict is what a rescore reproduces
+    assert v.exit_code == 0, v.output
+    # re-gating judges the device scores too: rejected at the build's gate, accepted under a lower one
+    again = {r["key"]: r for r in json.loads(cli("parity", str(out), "--gate", "fp16=15,w8a16=25", "--json").stdout)["builds"]}
+    assert again[NPU]["verdict"] == "accepted"                              # ~20 dB on the phone >= 15
+    assert again[NPU8]["verdict"] == "rejected" and again[NPU8]["reason"].startswith("on the device (AI Hub): ")
 
 
 def test_quantize_on_hub_runs_ai_hubs_quantize_job_on_the_captured_calibration_set(hub, out):
@@ -332,15 +338,20 @@ def test_a_failed_job_is_recorded_and_only_resubmit_retries_it(hub, out):
     assert created(hub)["compile"] == 3
 
 
-@pytest.mark.parametrize("after_create", [False, True])
-def test_a_5xx_on_submission_never_duplicates_a_job(hub, out, after_create):
-    scenario(hub, rules=[{"match": {"type": "compile", "name": "*code2wav*"}, "http": [503],
-                          "http_after_create": after_create}])
-    r = cli("hub", "submit", str(out), "--components", "code2wav", "--precisions", "fp32")
+def test_a_5xx_on_submission_never_duplicates_a_job(hub, out):
+    """fp32: a 503 before AI Hub created the job; fp16: a 503 after it did (the response was lost)."""
+    scenario(hub, rules=[{"match": {"type": "compile", "name": "*code2wav-fp32*"}, "http": [503]},
+                         {"match": {"type": "compile", "name": "*code2wav-fp16*"}, "http": [503],
+                          "http_after_create": True}])
+    r = cli("hub", "submit", str(out), "--components", "code2wav")
     assert r.exit_code == 0, r.output + r.stderr
-    jobs = [j for j in fake_hub.jobs(hub["state"]).values() if j["kind"] == "compile"]
-    assert len(jobs) == 1 and _records(read_manifest(out))[GPU]["steps"][0]["id"] == jobs[0]["id"]
-    assert len(fake_hub.calls(hub["state"], "get_job_summary_list")) == 1    # looked it up by name first
+    jobs = {j["name"].split()[1]: j for j in fake_hub.jobs(hub["state"]).values() if j["kind"] == "compile"}
+    assert sorted(jobs) == ["qwen3-tts-code2wav-fp16-s25", "qwen3-tts-code2wav-fp32-s25"]     # one each
+    recs = _records(read_manifest(out))
+    assert recs[GPU]["steps"][0]["id"] == jobs["qwen3-tts-code2wav-fp32-s25"]["id"]
+    assert recs[GPU16]["steps"][0]["id"] == jobs["qwen3-tts-code2wav-fp16-s25"]["id"]
+    assert len(fake_hub.calls(hub["state"], "create_compile_job")) == 3     # fp32 twice (the first refused)
+    assert len(fake_hub.calls(hub["state"], "get_job_summary_list")) == 2   # each looked up by name first
 
 
 def test_status_lists_every_recorded_job(hub, out):
@@ -371,6 +382,25 @@ def test_status_of_a_directory_without_jobs_is_one_line(hub, out):
 
 def _records(m: dict) -> dict:
     return {f"{b['component']}/{b['format']}/{b['precision']}": b["hub"] for b in m["builds"] if b.get("hub")}
+
+
+def test_network_errors_are_clear_and_never_cost_a_job(hub, out):
+    scenario(hub, offline=["get_device_list"])                   # AI Hub unreachable from the start
+    r = cli("hub", "submit", str(out))
+    assert r.exit_code == 2
+    assert errors(r.stderr) == ["omni-export: error: cannot reach Qualcomm AI Hub: Internal API failure. Could not "
+                                f"connect to Qualcomm AI Hub. Please visit {fake_hub.WEB} to check the service's status."]
+    assert "hub" not in read_manifest(out) and not (out / ".incomplete").exists()
+    scenario(hub, offline=["get_job"])                           # the network goes while jobs run
+    r = cli("hub", "submit", str(out), "--components", "code2wav", "--timeout", "0.5")
+    assert r.exit_code == 3 and "still waiting on AI Hub" in r.stdout
+    (step,) = [s for rec in _records(read_manifest(out)).values() for s in rec["steps"] if "fp32" in s["name"]]
+    assert step["id"] and step["state"] == "submitted"       # created, then every status poll failed
+    assert step["message"] == (f"status check: get job {step['id']}: Internal API failure. Could not connect to "
+                               f"Qualcomm AI Hub. Please visit {fake_hub.WEB} to check the service's status.; will retry")
+    scenario(hub)
+    assert cli("hub", "submit", str(out), "--components", "code2wav").exit_code == 0
+    assert created(hub) == {"compile": 2, "quantize": 0, "inference": 2}
 
 
 # ------------------------------------------------------------------------------------ credentials
@@ -436,6 +466,33 @@ def test_an_unknown_device_is_refused_before_anything_is_submitted(hub, out):
                                 "(omni-export hub devices lists them)"]
     assert created(hub) == {"compile": 0, "quantize": 0, "inference": 0}
     assert "hub" not in read_manifest(out) and not (out / ".incomplete").exists()
+
+
+def test_the_fake_rejects_what_the_real_service_or_client_would(hub, out):
+    """The fake is not a yes-machine: the real client's checks and the service's 4xx answers apply."""
+    from omni_export.hub.client import Hub
+
+    h = Hub().connect()
+    m, c = h.m, h.client
+    src = out / read_manifest(out)["components"]["code2wav"]["sources"]["fp32"]["path"]
+    model = c.upload_model(str(src))
+    s25 = m.Device("Samsung Galaxy S25 (Family)")
+    with pytest.raises(m.UserError):
+        c.submit_compile_job(model, device=m.Device("Samsung Galaxy S99"))
+    with pytest.raises(m.UserError, match="invalid value 'tpu' for --compute_unit"):
+        c.submit_compile_job(model, device=s25, options="--target_runtime qnn_dlc --compute_unit tpu")
+    with pytest.raises(m.UserError, match="unrecognized option --fast"):
+        c.submit_compile_job(model, device=s25, options="--target_runtime qnn_dlc --fast")
+    with pytest.raises(m.UserError, match="invalid value '9.99' for --qairt_version"):
+        c.submit_compile_job(model, device=s25, options="--qairt_version 9.99")
+    with pytest.raises(AttributeError):
+        c.submit_compile_job(model, device=s25, options=42)               # the client's own check
+    job = c.submit_compile_job(model, device=s25, options="--target_runtime qnn_dlc --compute_unit gpu")
+    with pytest.raises(m.UserError, match="not ready"):                   # still compiling
+        c.submit_inference_job(job.get_target_model(), device=s25, inputs={"codes": [np.zeros((1, 16, 4), np.int32)],
+                                                                             "frame_mask": [np.ones((1, 4), np.float32)]})
+    with pytest.raises(m.UserError, match="could not be found"):
+        c.get_job("j9999999fk")
 
 
 # ----------------------------------------------------------------------------------- RTF arithmetic

@@ -166,9 +166,12 @@ class Hub:
                 f"{self._account_url()} and run `qai-hub configure --api_token YOUR_TOKEN`")
 
     def _one_line(self, e: BaseException) -> str:
-        lines = [ln.strip(" |┌┐└┘─") for ln in str(e).splitlines()]
-        text = " ".join(ln for ln in lines if ln) or type(e).__name__
-        return self.redact(text)[:500]
+        """The client boxes and wraps its messages (at spaces and after hyphens): unwrap them."""
+        text = ""
+        for ln in (ln.strip(" |┌┐└┘─") for ln in str(e).splitlines()):
+            if ln:
+                text += ln if not text or text.endswith("-") else " " + ln
+        return self.redact(text or type(e).__name__)[:500]
 
     @contextlib.contextmanager
     def _quiet(self):
@@ -225,12 +228,13 @@ class Hub:
         return self.call(f"get job {job_id}", self.client.get_job, job_id)
 
     def find_job(self, name: str, job_type: str):
-        """A job we submitted under this unique name (after a crash or a 5xx on submission)."""
+        """The summary (job_id, url, status) of a job we submitted under this unique name (after a
+        crash or a lost response on submission), or None when AI Hub has no such job."""
         jt = {"compile": self.m.JobType.COMPILE, "quantize": self.m.JobType.QUANTIZE,
               "inference": self.m.JobType.INFERENCE}[job_type]
         for s in self.call("list recent jobs", self.client.get_job_summaries, limit=100, type=jt):
             if s.name == name:
-                return self.get_job(s.job_id)
+                return s
         return None
 
 

@@ -139,9 +139,12 @@ class BuildJobs:
         look_up = s["name"] not in self._fresh
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                job = hub.find_job(s["name"], kind) if look_up else None
-                if job is None:
-                    job = hub.call(f"submit {kind} job", self._submitter(kind, s), retry=False)
+                found = hub.find_job(s["name"], kind) if look_up else None
+                if found is not None:                  # created earlier: record it, poll it later
+                    s.update({"id": found.job_id, "url": found.url, "state": "submitted", "submitted": now(),
+                              "message": "found on AI Hub by its name (its creation response was lost)"})
+                    return self._save()
+                job = hub.call(f"submit {kind} job", self._submitter(kind, s), retry=False)
                 break
             except Transient as e:
                 look_up = True                     # AI Hub may have created it before failing
@@ -182,8 +185,11 @@ class BuildJobs:
             self._jobs[kind] = job
             status = hub.status(job)
         except Transient as e:
-            s["message"] = f"status check: {e}; will retry"
-            return self._save()
+            message = f"status check: {e}; will retry"
+            if s.get("message") != message:            # recorded once, not at every failed poll
+                s["message"] = message
+                self._save()
+            return None
         except HubError as e:
             return self._fail(s, str(e))
         if not status.finished:

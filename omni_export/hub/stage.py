@@ -10,6 +10,7 @@ status "rejected", rejected_by "device", its files moved under rejected/.
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
     if hub is None or hub.client is None:
         hub = (hub or Hub()).connect()          # the token is checked before OUT is touched
     m = store.amend("hub")
+    start = _content(m)
     try:
         target, recipe = get_target(m["target"]["name"]), get_recipe(m["recipe"]["name"])
         section = m.get("hub") or records.new_section(hub.label)
@@ -95,7 +97,8 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         save()
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
-        _reports(store, m)
+        if _content(m) != start or store.recovered is not None or not _reports_exist(store.root):
+            _reports(store, m)                 # (a rerun that changed nothing keeps the reports it finds)
         store.finish(m)
     except BaseException:
         store.abort()
@@ -276,6 +279,18 @@ def notes(m: dict) -> list[str]:
     if s.get("failed"):
         out.append(f"{s['failed']} build(s) have a FAILED job; `omni-export hub submit --resubmit` retries them")
     return out
+
+
+def _content(m: dict) -> str:
+    """The manifest without the time of its last save (what the reports are derived from)."""
+    m = {**m, "hub": {k: v for k, v in (m.get("hub") or {}).items() if k != "updated"}}
+    return json.dumps(m, sort_keys=True, default=str)
+
+
+def _reports_exist(root: Path) -> bool:
+    from ..reports import REPORT_FILES
+
+    return all((root / name).is_file() for name in REPORT_FILES)
 
 
 def _reports(store, m: dict) -> None:

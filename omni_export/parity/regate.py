@@ -63,7 +63,13 @@ def _rejudge(manifest: dict, b: dict, gates_db: dict[str, float]) -> dict:
     attribution = manifest["components"].get(b["component"], {}).get("attribution", {}).get(b["precision"], [])
     agreement_min = manifest["components"].get(b["component"], {}).get("agreement_min", 1.0)
     v = judge([score_from_json(o) for o in outputs], threshold, names, attribution, agreement_min=agreement_min)
-    return {**row, "verdict": v.status, "reason": v.reason,
+    verdict, reason = v.status, v.reason
+    device = ((b.get("hub") or {}).get("parity") or {}).get("outputs")
+    if device and verdict == "accepted":     # scored on a phone too (AI Hub): both must pass
+        dv = judge([score_from_json(o) for o in device], threshold, names, agreement_min=agreement_min)
+        if not dv.accepted:
+            verdict, reason = "rejected", f"on the device (AI Hub): {dv.reason}"
+    return {**row, "verdict": verdict, "reason": reason,
             "min_snr_db": as_json_db(min_snr_db(outputs, names))}
 
 

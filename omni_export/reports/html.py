@@ -5,6 +5,7 @@ clips are linked as files under samples/ so a person can listen.
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def render(root: Path, m: dict, regated: dict | None = None) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def _environment():
+    """Built once per process: compiling the template is most of a report's cost after the figures."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=PackageLoader("omni_export.reports", "templates"),
