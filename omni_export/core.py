@@ -150,6 +150,7 @@ class RealTime:
     calls: tuple[tuple[str, str], ...]
     alternatives: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     doc: str = ""
+    call_names: Mapping[str, str] = field(default_factory=dict)   # what one call is, e.g. "chunk"
 
 
 @dataclass(frozen=True)

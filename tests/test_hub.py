@@ -516,7 +516,11 @@ def test_rtf_of_the_study_placement():
     assert r["pipelined_rtf"] == pytest.approx(0.6212, abs=1e-4)        # max(49.7, 45.8) / 80
     assert r["rtf"] == r["pipelined_rtf"] and r["mode"] == "pipelined"
     text = lines(r)
-    assert "code2wav (onnx/fp16, GPU): 549.60 ms per call × 1/chunk_frames = 0.0833333 per frame = 45.80 ms per frame" in text
+    assert "code2wav (onnx/fp16, GPU): 549.60 ms per chunk × 1/chunk_frames = 0.0833333 per frame = 45.80 ms per frame" in text
+    assert text[:2] == ["talker_decode (ctx/fp16, NPU): 30.00 ms per step × 1 per frame = 30.00 ms per frame",
+                        "predictor_frame (ctx/fp16, NPU): 19.70 ms per frame × 1 per frame = 19.70 ms per frame"]
+    assert text[3:6] == ["per frame of 80 ms: NPU 49.70 ms · GPU 45.80 ms",
+                         "sequential RTF = (49.70 + 45.80) / 80 = 1.194", "pipelined RTF = max(49.70, 45.80) / 80 = 0.621"]
     assert text[-1] == "RTF estimate (pipelined): 0.621 [test]"
     # the predictor measured as prefill + 14 single steps stands in for the fused frame
     m["builds"][1:2] = [built("predictor_prefill", "npu", 2.0), built("predictor_decode", "npu", 1.25)]

@@ -57,6 +57,7 @@ def estimate(manifest: dict, realtime, options: dict, source: str = "") -> dict 
             n = calls_per_unit(e, options)
             rows.append({"component": c, "build": best[c]["key"], "runtime": best[c]["runtime"],
                          "compute_unit": best[c]["compute_unit"], "ms_per_call": best[c]["ms"],
+                         "call": realtime.call_names.get(c, "call"),
                          "calls": expr_text(e, n), "calls_per_unit": round(n, 6),
                          "ms_per_unit": round(best[c]["ms"] * n, 3)})
     by_unit: dict[str, float] = {}
@@ -83,7 +84,8 @@ def lines(r: dict) -> list[str]:
     """The estimate for people, one fact per line (report.md, stdout)."""
     unit, ms = r["unit"], r["unit_ms"]
     out = [f"{g['component']} ({g['build'].split('/', 1)[1]}, {g['compute_unit'].upper()}): "
-           f"{g['ms_per_call']:.2f} ms per call × {g['calls']} per {unit} = {g['ms_per_unit']:.2f} ms per {unit}"
+           f"{g['ms_per_call']:.2f} ms per {g.get('call', 'call')} × {g['calls']} per {unit} = "
+           f"{g['ms_per_unit']:.2f} ms per {unit}"
            for g in r["graphs"]]
     out.append("per " + unit + f" of {ms:g} ms: " + " · ".join(f"{u.upper()} {t:.2f} ms"
                                                             for u, t in r["by_compute_unit"].items()))

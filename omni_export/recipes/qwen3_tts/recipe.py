@@ -115,5 +115,7 @@ RECIPE = Recipe(
         calls=(("talker_decode", "1"), ("predictor_frame", "1"), ("code2wav", "1/chunk_frames")),
         alternatives={"predictor_frame": (("predictor_prefill", "1"), ("predictor_decode", "14"))},
         doc="per 80 ms frame: one talker_decode, one predictor_frame (or its prefill + 14 steps); "
-            "Code2Wav once per chunk of N frames"),
+            "Code2Wav once per chunk of N frames",
+        call_names={"code2wav": "chunk", "talker_decode": "step", "predictor_frame": "frame",
+                    "predictor_prefill": "prefill", "predictor_decode": "step"}),
 )
