@@ -1,9 +1,9 @@
 """Qualcomm AI Hub against the fake service (tests/fake_hub.py behind the real qai-hub client).
 
 One tiny heterogeneous build on `s25` (ONNX only: text_projection on the NPU at fp16 and w8a16,
-Code2Wav on the GPU at fp32 and fp16) is made once; every test works on a copy. Submissions run in-process through
-the CLI (click's runner) except the ones that need a real process: the kill, and the checks of
-captured stdout/stderr for the token.
+Code2Wav on the GPU at fp32 and fp16) is made once; every test works on a copy. Submissions run
+in-process through the CLI (click's runner) except where a real process matters: the kill, and
+the token checks on a process's own stdout/stderr.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def s25_build(tmp_path_factory, tiny_checkpoint) -> Path:
     out = tmp_path_factory.mktemp("s25") / "out"
     result = run(RunOptions(get_recipe("qwen3-tts"), get_target("s25"), out, checkpoint=tiny_checkpoint,
                             components=("text_projection", "code2wav"), formats=(Format.ONNX,),
-                            precisions=(Precision.FP32, Precision.FP16, Precision.W8A16), recipe_options={"left-context": 2, "chunk-frames": 2},
+                            precisions=(Precision.FP32, Precision.FP16, Precision.W8A16),
+                            recipe_options={"left-context": 2, "chunk-frames": 2},
                             attribution="off", rewrites=(), jobs=1, e2e=()))
     assert result.exit_code == 0
     return out
