@@ -82,9 +82,14 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
                              f"{', '.join(x.value for x in opts.target.formats)}")
     builds, skipped = [], []
     for c in comps:
+        opt_in = opts.recipe.component(c).opt_in_formats
         for p in precisions:
             for f in formats:
-                if supports(f, p):
+                if f.value in opt_in and not opts.formats:
+                    skipped.append({"component": c, "format": f.value, "precision": p.value,
+                                    "reason": f"{opt_in[f.value]} (opt in: --formats {f.value} "
+                                              f"--components {c})"})
+                elif supports(f, p):
                     builds.append(BuildSpec(opts.recipe.name, c, f, p, opts.target.name))
                 else:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,
