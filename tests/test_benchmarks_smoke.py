@@ -140,3 +140,15 @@ def test_a_failed_pass_is_kept_and_makes_the_arm_unquotable():
     assert ja["failed_passes"] == 1 and not ja["quotable"] and "boom" in ja["errors"][0]["error"]
     assert ja["per_pass"].count(None) == 1 and ja["n"] == 2
     assert tm.ratio("r", a, b, "")["quotable"] is False
+
+
+def test_random_weight_checkpoints_carry_a_tokenizer(tmp_path):
+    """The benchmarks' --random-weights builds capture real inputs from the recipe's prompts, which
+    need a tokenizer; the real-shape writer (here at the tiny geometry) must write one."""
+    from omni_export.recipes.qwen3_tts import demo
+    from omni_export.text_tokenizer import load
+
+    cfg = demo.geometry("tiny")
+    demo.write_talker(tmp_path, cfg, 0, {}, real_size=True)
+    ids = load(tmp_path).encode("<|im_start|>assistant\nHello<|im_end|>\n")
+    assert ids and max(ids) < cfg.talker.text_vocab_size
