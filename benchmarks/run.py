@@ -26,6 +26,7 @@ from benchmarks import provenance, proctree  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "benchmarks" / ".work"
 SCHEMA = 1
+WORKER_LOG = re.compile(r"^\[ *\d+\.\ds\] .*$", re.M)
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -172,6 +173,7 @@ def run_runtime(args, argv: list[str]) -> int:
         "status": "failed" if failed else ("partial" if arm_errors else "ok"),
         "provenance": {**prov, "machine_at_end": provenance.machine_state()},
         "process": mon.to_json(include_stderr=failed or bool(arm_errors)),
+        "worker_log": WORKER_LOG.findall(mon.stderr),       # its progress lines: how far it got, when
         **body,
     }
     path = write_result(Path(args.results), "runtime", args.size, data)

@@ -408,16 +408,21 @@ def worker(args, out_path: Path) -> int:
         tmp.replace(out_path)
 
     try:
-        t0 = time.monotonic()
-        log(f"load checkpoint ({args.size})")
-        model, options = load_model(args.size, work / "checkpoint", dict(args.option))
-        result["checkpoint"] = {**model.info, "recipe_options": options}
-        result["load_s"] = round(time.monotonic() - t0, 2)
-        log("capture inputs: greedy fp32 generation of a held-out prompt")
-        t0 = time.monotonic()
-        eager, calls = capture_inputs(model, args.samples + 1)
-        result["capture_s"] = round(time.monotonic() - t0, 2)
-        result["target"] = {"name": args.target, "rewrites": list(get_target(args.target).rewrites)}
+        try:
+            t0 = time.monotonic()
+            log(f"load checkpoint ({args.size})")
+            model, options = load_model(args.size, work / "checkpoint", dict(args.option))
+            result["checkpoint"] = {**model.info, "recipe_options": options}
+            result["load_s"] = round(time.monotonic() - t0, 2)
+            log("capture inputs: greedy fp32 generation of a held-out prompt")
+            t0 = time.monotonic()
+            eager, calls = capture_inputs(model, args.samples + 1)
+            result["capture_s"] = round(time.monotonic() - t0, 2)
+            result["target"] = {"name": args.target, "rewrites": list(get_target(args.target).rewrites)}
+        except Exception as e:
+            result["failures"].append({"case": "setup (load checkpoint, capture inputs)", **_error(e)})
+            save()
+            raise
         save()
         for name in args.cases:
             log(f"case {name}")
