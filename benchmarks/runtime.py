@@ -183,8 +183,8 @@ class RunnerGraphs:
     def __init__(self, exported: dict[str, Exported], kind: str):
         self.exported, self.kind = exported, kind
 
-    def available(self) -> bool:
-        return all(self.kind in e.runners for e in self.exported.values())
+    def available(self, names: tuple[str, ...]) -> bool:
+        return all(self.kind in self.exported[n].runners for n in names)
 
     def __call__(self, name: str, inputs: dict) -> dict:
         return self.exported[name].runners[self.kind].run(inputs)
@@ -289,7 +289,9 @@ def case_predictor(model, eager, calls, target, work, cfg) -> dict:
     q1, vocab = cfgm.predictor.num_code_groups - 1, cfgm.predictor.vocab_size
     starts = calls["predictor_prefill"][: cfg["samples"]]
     noise = np.zeros((q1, vocab), np.float32)                                  # zeros: greedy
-    frame_samples = [{**s, "noise": noise[None]} for s in starts]
+    # a fresh [1, Q-1, V] array per sample: noise[None] would be a view with a 0 stride, which the
+    # .pte export refuses ("0 in strides is not supported for ExecuTorch")
+    frame_samples = [{**s, "noise": np.zeros((1, q1, vocab), np.float32)} for s in starts]
     ex = open_all(eager, {"predictor_prefill": starts, "predictor_decode": calls["predictor_decode"][:2],
                           "predictor_frame": frame_samples}, target, work, cfg)
     try:
@@ -301,14 +303,15 @@ def case_predictor(model, eager, calls, target, work, cfg) -> dict:
             return lambda i: host.predictor_frame(graphs, cfgm, starts[i]["past_hidden"],
                                                   int(starts[i]["code0"].reshape(-1)[0]), noise, opts, model.tables)
 
-        arms, agreement = {}, {}
+        arms, agreement, needs = {}, {}, {"step": ("predictor_prefill", "predictor_decode"),
+                                          "frame": ("predictor_frame",)}
         for label, g in graphsets.items():
-            ok = not isinstance(g, RunnerGraphs) or g.available()
+            ok = {m: not isinstance(g, RunnerGraphs) or g.available(n) for m, n in needs.items()}
             for mode, what in (("step", "prefill + 14 step calls"), ("frame", "1 fused call")):
                 name = f"{label}: {what}"
-                arms[(label, mode)] = Arm(name, frame(g, mode)) if ok else _unavailable(
-                    name, {n: e.errors for n, e in ex.items() if e.errors})
-            if ok:
+                arms[(label, mode)] = Arm(name, frame(g, mode)) if ok[mode] else _unavailable(
+                    name, {n: ex[n].errors for n in needs[mode] if ex[n].errors})
+            if all(ok.values()):
                 agreement[label] = _agreement(frame(g, "step"), frame(g, "frame"), len(starts))
         for label, g in graphsets.items():          # and every runner's fused codes against eager's steps
             if label in agreement:
@@ -390,6 +393,10 @@ def budgets(cases: dict) -> list[dict]:
 
 def worker(args, out_path: Path) -> int:
     """Measure every requested case, writing the result after each one (a crash keeps the rest)."""
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning):     # library noise would bury a real stderr tail
+        warnings.filterwarnings("ignore", category=category)
     from omni_export.targets import get_target
 
     cfg = {"passes": 0 if args.dry_run else args.passes, "warmup": args.warmup, "min_pass_s": args.min_pass_ms / 1e3,

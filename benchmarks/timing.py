@@ -99,7 +99,8 @@ def ratio(name: str, num: Arm, den: Arm, meaning: str, budget: tuple[str, float]
          "quotable": quotable}
     if sa["n"] == 0 or sb["n"] == 0 or not sb["median"]:
         return {**r, "ratio_of_medians": None, "per_pass": stats([]), "not_a_ranking": None,
-                "budget": f"{budget[0]} {budget[1]}" if budget else None, "meets_budget": None}
+                "budget": f"{budget[0]} {budget[1]}" if budget else None, "meets_budget": None,
+                "verdict": "not quotable" if budget else None}
     overlap = sa["min"] <= sb["max"] and sb["min"] <= sa["max"]
     r.update({"ratio_of_medians": _round(sa["median"] / sb["median"]),
               "per_pass": {k: (_round(v) if k != "n" else v) for k, v in stats(pairs).items()},
