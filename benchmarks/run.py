@@ -170,7 +170,7 @@ def run_runtime(args, argv: list[str]) -> int:
                   for a, arm in case.get("arms", {}).items() if arm.get("errors")]
     data = {
         "schema": SCHEMA, "benchmark": "runtime", "size": args.size,
-        "status": "failed" if failed else ("partial" if arm_errors else "ok"),
+        "status": "failed" if failed else ("partial" if arm_errors else "dry run" if args.dry_run else "ok"),
         "provenance": {**prov, "machine_at_end": provenance.machine_state()},
         "process": mon.to_json(include_stderr=failed or bool(arm_errors)),
         "worker_log": WORKER_LOG.findall(mon.stderr),       # its progress lines: how far it got, when
@@ -181,7 +181,7 @@ def run_runtime(args, argv: list[str]) -> int:
     if not args.keep:
         shutil.rmtree(work / (partial.stem + "-logs"), ignore_errors=True)
     _print_runtime(data, path)
-    return 0 if data["status"] == "ok" else 1
+    return 0 if data["status"] in ("ok", "dry run") else 1
 
 
 def _print_runtime(d: dict, path: Path) -> None:

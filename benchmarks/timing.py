@@ -80,12 +80,13 @@ def run_passes(arms: list[Arm], passes: int, samples: int) -> list[list[str]]:
 
 def arm_json(arm: Arm) -> dict:
     failed = sum(v is None for v in arm.per_pass)
+    timed = len(arm.per_pass) - failed
     return {"unit": arm.unit, "better": arm.better,
             **{k: (_round(v) if k != "n" else v) for k, v in stats(arm.per_pass).items()},
             "calls_per_pass": arm.reps, "per_pass": [_round(v) for v in arm.per_pass],
             "warmup_ms": [round(s * 1e3, 4) for s in arm.warmup_s],
             "failed_passes": failed, "errors": arm.errors,
-            "quotable": failed == 0 and not arm.errors}
+            "quotable": failed == 0 and timed > 0 and not arm.errors}
 
 
 def ratio(name: str, num: Arm, den: Arm, meaning: str, budget: tuple[str, float] | None = None) -> dict:
@@ -94,7 +95,7 @@ def ratio(name: str, num: Arm, den: Arm, meaning: str, budget: tuple[str, float]
     `budget` is (">=", x) or ("<=", x) on the ratio of medians."""
     pairs = [(a / b) for a, b in zip(num.per_pass, den.per_pass) if a is not None and b not in (None, 0)]
     sa, sb = stats(num.per_pass), stats(den.per_pass)
-    quotable = not num.errors and not den.errors
+    quotable = not num.errors and not den.errors and None not in num.per_pass + den.per_pass
     r = {"name": name, "numerator": num.name, "denominator": den.name, "meaning": meaning,
          "quotable": quotable}
     if sa["n"] == 0 or sb["n"] == 0 or not sb["median"]:
