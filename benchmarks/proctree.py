@@ -2,9 +2,14 @@
 
 RssAnon (from /proc/PID/status) counts memory the processes allocated; VmRSS would also count
 the page cache of memory-mapped checkpoints, which swings by gigabytes between identical runs
-(MEASURING.md rule 1). The tree is re-walked at every sample, so children forked by exporters and
+(MEASURING.md rule 1). The tree is re-walked at every sample, so children started by exporters and
 runner pools are counted while they live. A sampler misses spikes shorter than its interval: the
 peak is a lower bound, and the interval actually achieved is recorded beside it.
+
+A forked child's RssAnon also counts the anonymous pages it still shares copy-on-write with its
+parent, so while a fork lives (even the instant between fork and exec of a subprocess) the RssAnon
+sum counts those pages twice. Pss_Anon (/proc/PID/smaps_rollup) splits shared pages between their
+sharers; its sum over the tree counts every page once. Both sums are recorded.
 """
 from __future__ import annotations
 
@@ -59,6 +64,17 @@ def rss_anon_bytes(pid: int) -> int | None:
     return None
 
 
+def pss_anon_bytes(pid: int) -> int | None:
+    """Pss_Anon of one process in bytes: anonymous pages, shared ones divided among their sharers."""
+    try:
+        for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss_Anon:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _cmd(pid: int) -> str:
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()
@@ -73,11 +89,13 @@ class TreeSampler:
     root: int
     interval: float = 0.2
     samples: int = 0
-    peak_bytes: int = 0
+    peak_bytes: int = 0                              # RssAnon summed over the tree
     peak_at_s: float = 0.0
     peak_processes: list = field(default_factory=list)
+    peak_pss_bytes: int = 0                          # Pss_Anon summed over the tree
+    peak_pss_at_s: float = 0.0
     max_processes: int = 0
-    timeline: list = field(default_factory=list)    # [seconds since start, bytes]
+    timeline: list = field(default_factory=list)    # [seconds since start, RssAnon sum, Pss_Anon sum]
     _stop: threading.Event = field(default_factory=threading.Event)
     _t0: float = 0.0
 
@@ -92,16 +110,19 @@ class TreeSampler:
         self._thread.join()
 
     def sample(self) -> int:
-        per = [(pid, rss_anon_bytes(pid)) for pid in tree(self.root)]
-        per = [(pid, b) for pid, b in per if b is not None]
-        total = sum(b for _, b in per)
+        per = [(pid, rss_anon_bytes(pid), pss_anon_bytes(pid)) for pid in tree(self.root)]
+        per = [(pid, r, p or 0) for pid, r, p in per if r is not None]
+        total, pss = sum(r for _, r, _ in per), sum(p for _, _, p in per)
         now = time.monotonic() - self._t0
         self.samples += 1
         self.max_processes = max(self.max_processes, len(per))
-        self.timeline.append([round(now, 2), total])
+        self.timeline.append([round(now, 2), total, pss])
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_at_s = total, now
-            self.peak_processes = [{"pid": pid, "rss_anon_bytes": b, "cmd": _cmd(pid)} for pid, b in per]
+            self.peak_processes = [{"pid": pid, "ppid": _ppid(pid), "rss_anon_bytes": r, "pss_anon_bytes": p,
+                                    "cmd": _cmd(pid)} for pid, r, p in per]
+        if pss > self.peak_pss_bytes:
+            self.peak_pss_bytes, self.peak_pss_at_s = pss, now
         return total
 
     def _loop(self) -> None:
@@ -115,14 +136,27 @@ class TreeSampler:
             "peak_rss_anon_gib": round(self.peak_bytes / 2**30, 3),
             "peak_at_s": round(self.peak_at_s, 2),
             "peak_processes": sorted(self.peak_processes, key=lambda p: -p["rss_anon_bytes"]),
+            "peak_pss_anon_bytes": self.peak_pss_bytes,
+            "peak_pss_anon_gib": round(self.peak_pss_bytes / 2**30, 3),
+            "peak_pss_at_s": round(self.peak_pss_at_s, 2),
             "max_processes_in_tree": self.max_processes,
             "samples": self.samples,
             "interval_s": self.interval,
             "mean_interval_s": round(wall_s / self.samples, 3) if self.samples else None,
-            "note": "sum of RssAnon over the process tree, sampled; spikes shorter than the "
-                    "interval are missed, so the peak is a lower bound",
+            "note": "sums of RssAnon and of Pss_Anon over the process tree, sampled; spikes shorter "
+                    "than the interval are missed. A fork's RssAnon counts pages it shares "
+                    "copy-on-write with its parent again; Pss_Anon counts every page once",
+            "timeline_columns": ["s", "rss_anon_sum_bytes", "pss_anon_sum_bytes"],
             "timeline": _thin(self.timeline, TIMELINE_POINTS),
         }
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[1])
 
 
 def _thin(points: list, n: int) -> list:

@@ -126,7 +126,7 @@ def run_build(args, argv: list[str]) -> int:
         "status": "failed" if failed else "ok",
         "provenance": {**prov, "machine_at_end": provenance.machine_state()},
         "process": mon.to_json(include_stderr=failed),
-        "budget": bb.budget(args.size, mon.wall_s, mon.memory["peak_rss_anon_bytes"], mon.exit_code),
+        "budget": bb.budget(args.size, mon.wall_s, mon.memory, mon.exit_code),
         "cli_json": stdout,
         "disk_bytes": bb.tree_bytes(out),
         "manifest": bb.summarize(manifest) if manifest else None,
@@ -142,7 +142,8 @@ def run_build(args, argv: list[str]) -> int:
 def _print_build(d: dict, path: Path) -> None:
     p, m = d["process"], d["process"]["memory"]
     print(f"{d['status']}: exit {p['exit_code']}, wall {p['wall_s']:.1f} s, peak RssAnon (tree) "
-          f"{m['peak_rss_anon_gib']:.2f} GiB over {m['samples']} samples")
+          f"{m['peak_rss_anon_gib']:.2f} GiB, peak Pss_Anon (tree) {m['peak_pss_anon_gib']:.2f} GiB "
+          f"over {m['samples']} samples")
     if d["budget"]:
         print(f"budget: peak within {d['budget']['peak_within']}, wall within {d['budget']['wall_within']}")
     print(f"result: {path}")

@@ -36,7 +36,8 @@ def check_provenance(d: dict) -> None:
     assert "run.py" in p["command_line"][1] and p["options"]
     mem = d["process"]["memory"]
     assert mem["samples"] >= 1 and mem["peak_rss_anon_bytes"] > 10 * 2**20
-    assert mem["peak_processes"] and max(b for _, b in mem["timeline"]) == mem["peak_rss_anon_bytes"]
+    assert mem["peak_processes"] and max(r for _, r, _ in mem["timeline"]) == mem["peak_rss_anon_bytes"]
+    assert 0 < mem["peak_pss_anon_bytes"] <= mem["peak_rss_anon_bytes"] * 1.01
 
 
 def check_arm(arm: dict, passes: int) -> None:
@@ -152,3 +153,22 @@ def test_random_weight_checkpoints_carry_a_tokenizer(tmp_path):
     demo.write_talker(tmp_path, cfg, 0, {}, real_size=True)
     ids = load(tmp_path).encode("<|im_start|>assistant\nHello<|im_end|>\n")
     assert ids and max(ids) < cfg.talker.text_vocab_size
+
+
+def test_tree_sampler_counts_children_and_copy_on_write_pages_once_in_pss(tmp_path):
+    """A parent touches 400 MiB and forks: the RssAnon sum counts the shared pages twice, the
+    Pss_Anon sum once. The child also shows up in the sampled tree."""
+    from benchmarks import proctree
+
+    script = ("import os, time\n"
+              "a = bytearray(400 * 2**20)\n"
+              "for i in range(0, len(a), 4096): a[i] = 1\n"
+              "pid = os.fork()\n"
+              "time.sleep(1.5)\n"
+              "os._exit(0) if pid == 0 else os.waitpid(pid, 0)\n")
+    mon = proctree.run_monitored([sys.executable, "-c", script], cwd=tmp_path, env=None, logdir=tmp_path / "logs",
+                                 interval=0.1)
+    mem = mon.memory
+    assert mon.exit_code == 0 and mem["max_processes_in_tree"] == 2
+    assert mem["peak_rss_anon_bytes"] > 1.9 * 400 * 2**20
+    assert 400 * 2**20 < mem["peak_pss_anon_bytes"] < 1.2 * 400 * 2**20
