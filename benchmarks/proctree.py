@@ -53,26 +53,25 @@ def tree(root: int) -> list[int]:
     return out
 
 
-def rss_anon_bytes(pid: int) -> int | None:
-    """RssAnon of one process in bytes (None when it is gone or is a zombie without the field)."""
+def _kb_field(pid: int, file: str, key: str) -> int | None:
+    """A `Key:   N kB` line of /proc/PID/<file>, in bytes (None when the process is gone)."""
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
+        for line in (PROC / str(pid) / file).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         return None
     return None
+
+
+def rss_anon_bytes(pid: int) -> int | None:
+    """RssAnon of one process in bytes (None when it is gone or is a zombie without the field)."""
+    return _kb_field(pid, "status", "RssAnon:")
 
 
 def pss_anon_bytes(pid: int) -> int | None:
     """Pss_Anon of one process in bytes: anonymous pages, shared ones divided among their sharers."""
-    try:
-        for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss_Anon:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
+    return _kb_field(pid, "smaps_rollup", "Pss_Anon:")
 
 
 def _cmd(pid: int) -> str:

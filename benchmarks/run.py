@@ -121,8 +121,10 @@ def run_build(args, argv: list[str]) -> int:
         stdout = json.loads(mon.stdout) if mon.stdout.strip() else None
     except ValueError:
         stdout = {"unparsed": mon.stdout[-2000:]}
+    built_by = ((manifest or {}).get("toolchain") or {}).get("omni-export-git")
     data = {
         "schema": SCHEMA, "benchmark": "build", "size": args.size,
+        "source_changed_during_run": bool(built_by and built_by != prov["git_sha"]),
         "status": "failed" if failed else "ok",
         "provenance": {**prov, "machine_at_end": provenance.machine_state()},
         "process": mon.to_json(include_stderr=failed),
