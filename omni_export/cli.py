@@ -95,6 +95,12 @@ def main():
 
     Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none.
     """
+    import warnings
+
+    # torch/executorch deprecation chatter is for their developers, not for our users
+    # (pytest keeps its own filters; --debug does not restore these, tracebacks do not need them)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 @main.command("list")

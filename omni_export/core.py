@@ -122,6 +122,9 @@ class Component:
     # Outputs that are audio, with their sample rate in Hz: the report keeps one held-out clip
     # per build as a WAV (fp32 and every build) and draws its waveform and spectrogram.
     audio_outputs: Mapping[str, int] = field(default_factory=dict)
+    # {format value: why}: formats built only when named in --formats (the default plan skips them
+    # and records the reason), for graphs whose lowering in that format costs far more than it is worth.
+    opt_in_formats: Mapping[str, str] = field(default_factory=dict)
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

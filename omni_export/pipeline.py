@@ -81,6 +81,7 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
     builds, skipped = [], []
     for c in comps:
         place = opts.target.place(c)          # the unit this component runs on, and what it builds
+        opt_in = opts.recipe.component(c).opt_in_formats
         for p in opts.precisions or place.precisions:
             for f in opts.formats or place.formats:
                 if f not in place.formats:
@@ -91,6 +92,10 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,
                                     "reason": f"{c} runs on the {place.unit_name} on {opts.target.name}, "
                                               f"which runs {', '.join(x.value for x in place.runs)}"})
+                elif f.value in opt_in and not opts.formats:
+                    skipped.append({"component": c, "format": f.value, "precision": p.value,
+                                    "reason": f"{opt_in[f.value]} (opt in: --formats {f.value} "
+                                              f"--components {c})"})
                 elif supports(f, p):
                     builds.append(BuildSpec(opts.recipe.name, c, f, p, opts.target.name))
                 else:

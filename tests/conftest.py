@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 
 # Fast streaming geometry for pipeline tests: the HTP simulator's cost grows with samples.
-FAST = ["--left-context", "2", "--chunk-frames", "2"]
+GEOMETRY = ["--left-context", "2", "--chunk-frames", "2"]
+# ...and Code2Wav alone: the default is every component; most pipeline behaviour is proven on one.
+FAST = [*GEOMETRY, "--components", "code2wav"]
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from breakage import constant_codes, outlier_input_channel
-from conftest import FAST, GOLDEN, builds_by, read_manifest, run_cli
+from conftest import FAST, GEOMETRY, GOLDEN, builds_by, read_manifest, run_cli
 from omni_export.artifacts.store import sha256_file
 from omni_export.recipes.qwen3_tts import checkpoint as ck
 
@@ -168,7 +168,7 @@ def test_wrong_distribution_calibration_is_rejected(tmp_path, clean, clean_run):
 
 def test_exit_code_3_when_a_component_has_no_accepted_build(tmp_path, clean):
     proc = run_cli("qwen3-tts", "--checkpoint", str(clean), "--out", str(tmp_path / "o"), "--precision", "w8a16",
-                   "--formats", "onnx", "--gate", "w8a16=90", "--no-attribution", "--json", "-q", *FAST)
+                   "--components", "code2wav", "--formats", "onnx", "--gate", "w8a16=90", "--no-attribution", "--json", "-q", *FAST)
     assert proc.returncode == 3
     summary = json.loads(proc.stdout)
     assert summary["summary"]["components_without_accepted_build"] == ["code2wav"]
@@ -187,7 +187,7 @@ def test_a_checkpoint_saved_by_upstream_works_unchanged(tmp_path):
         shutil.copy(src / rel, up / rel)
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--checkpoint", str(up), "--out", str(tmp_path / "o"),
                    "--formats", "onnx", "--precision", "fp16", "--components", "talker_decode,code2wav",
-                   "--no-attribution", "--json", "-q", *FAST)
+                   "--no-attribution", "--json", "-q", *GEOMETRY)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = read_manifest(tmp_path / "o")
     assert m["checkpoint"]["label"] == "user checkpoint" and not m["checkpoint"]["demo"]

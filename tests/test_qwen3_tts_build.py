@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FAST, builds_by, read_manifest, run_cli
+from conftest import GEOMETRY, builds_by, read_manifest, run_cli
 
 GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefill", "predictor_decode",
           "predictor_frame", "code2wav")
@@ -15,7 +15,7 @@ GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefi
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("q3") / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--precision", "fp16",
-                   "--formats", "onnx,ctx", "--no-attribution", *FAST, timeout=1500)
+                   "--formats", "onnx,ctx", "--no-attribution", *GEOMETRY, timeout=1500)
     return proc, out
 
 

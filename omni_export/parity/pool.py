@@ -19,10 +19,16 @@ def _job(spec: RunnerSpec, inputs: list[dict]) -> list[dict]:
 
 
 def _init_worker() -> None:
+    import warnings
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # spawned workers do not inherit the parent's filters; torch's pytree deprecation warnings
+    # (unpickling exported programs) would otherwise reach the user's terminal on every job
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)
+    ort.set_default_logger_severity(4)   # see qnn_ep._register
 
 
 class RunPool:

@@ -99,12 +99,16 @@ class ExecuTorchRunner(Runner):
         self.method = self.program = None
 
 
-def open_runner(spec: RunnerSpec) -> Runner:
+def open_runner(spec: RunnerSpec, threads: int | None = None) -> Runner:
+    """`threads` fixes ONNX Runtime CPU's intra-op thread count (benchmarks); None: its default."""
     if spec.kind == "ort-cpu":
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
         return OrtRunner(spec, ort.InferenceSession(spec.model, so, providers=["CPUExecutionProvider"]))
     if spec.kind == "qnn-htp":
         from .. import qnn_ep

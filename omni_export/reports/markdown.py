@@ -23,6 +23,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += _rejected(rows, regated)
     lines += _fail_under(regated)
     lines += _weakest(m)
+    lines += _end_to_end(m)
     lines += hub.markdown(m)
     if m.get("skipped"):
         lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']} {s['precision']} ({s['reason']})"
@@ -87,6 +88,26 @@ def _fail_under(regated: dict | None) -> list[str]:
         return ["", f"`--fail-under {floor:g}`: every accepted build is at or above {floor:g} dB."]
     return ["", f"**`--fail-under {floor:g}` failed**: accepted builds below {floor:g} dB: "
                 + ", ".join(f"`{k}`" for k in below)]
+
+
+def _end_to_end(m: dict) -> list[str]:
+    rows = m.get("end_to_end") or []
+    rows = [rows] if isinstance(rows, dict) else rows
+    if not rows:
+        return []
+    lines = ["", "End to end (held-out prompts through the exported graphs, driven by the host loop):", "",
+             "| precision | runner | teacher-forced codes | free-running codes | wav SNR dB | verdict |",
+             "|---|---|---:|---:|---:|---|"]
+    pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"       # noqa: E731
+    for r in rows:
+        if r.get("verdict") == "skipped":
+            lines.append(f"| {r.get('precision')} | {r.get('runner')} | — | — | — | skipped: {r.get('reason', '')} |")
+            continue
+        flips = f" ({r['near_tie_flips']}/{r['flips']} flips near-tie)" if "flips" in r else ""
+        lines.append(f"| {r.get('precision', '—')} | {r.get('runner', '—')} | {pct(r.get('code_agreement'))}{flips} | "
+                     f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "
+                     f"{VERDICT.get(r.get('verdict'), r.get('verdict') or '—')} |")
+    return lines
 
 
 def _weakest(m: dict) -> list[str]:

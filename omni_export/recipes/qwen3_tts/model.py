@@ -336,7 +336,11 @@ def _first_line(e: Exception) -> str:
 
 
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
-    """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed."""
+    """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed.
+    Options not given take the recipe's defaults (as the CLI would)."""
+    from .recipe import RECIPE
+
+    options = {**{o.name: o.default for o in RECIPE.options}, **options}
     left, chunk = options.get("left-context"), options.get("chunk-frames")
     if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
         raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
@@ -365,4 +369,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
                    "small_to_mtp_projection": model.cfg.has_projection},
         "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F")},
     }
+    if options.get("calibration-codes"):        # a bad file fails now, not after minutes of other components
+        c = model.speech.config
+        load_code_sequences(Path(options["calibration-codes"]), c.num_quantizers, c.codebook_size)
     return model

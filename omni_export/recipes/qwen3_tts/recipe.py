@@ -67,7 +67,13 @@ COMPONENTS = (
         # a near tie (margin < 0.05) is not a defect (the frame's later steps then follow another,
         # equally likely, code), so agreement counts frames up to a decided flip; see metrics.py.
         gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.99, tie_margins={"codes": "margins"},
-        requires=("predictor",)),
+        requires=("predictor",),
+        # XNNPACK delegates neither argmax nor the embedding gather between the 15 unrolled steps, so
+        # the program splits into dozens of partitions, each with its own copy of the predictor
+        # weights: lowering took 14 min on the tiny demo (2 loaded cores) and the file grows ~15x.
+        opt_in_formats={"pte": "ExecuTorch/XNNPACK cannot delegate the in-graph sampling between the 15 "
+                               "unrolled steps: every step duplicates the predictor weights and lowering "
+                               "is very slow; the step graphs have .pte builds"}),
     Component(
         name="code2wav",
         doc="speech tokenizer decoder (Code2Wav vocoder), one static streaming chunk: L frames of "

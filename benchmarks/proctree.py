@@ -1,0 +1,221 @@
+"""Run a command and sample the anonymous memory of its whole process tree.
+
+RssAnon (from /proc/PID/status) counts memory the processes allocated; VmRSS would also count
+the page cache of memory-mapped checkpoints, which swings by gigabytes between identical runs
+(MEASURING.md rule 1). The tree is re-walked at every sample, so children started by exporters and
+runner pools are counted while they live. A sampler misses spikes shorter than its interval: the
+peak is a lower bound, and the interval actually achieved is recorded beside it.
+
+A forked child's RssAnon also counts the anonymous pages it still shares copy-on-write with its
+parent, so while a fork lives (even the instant between fork and exec of a subprocess) the RssAnon
+sum counts those pages twice. Pss_Anon (/proc/PID/smaps_rollup) splits shared pages between their
+sharers; its sum over the tree counts every page once. Both sums are recorded.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC = Path("/proc")
+STDERR_TAIL_CHARS = 6000
+TIMELINE_POINTS = 240          # the kept timeline is thinned to about this many points
+
+
+def _ppid_map() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc/*/stat (the kernel here has no /proc/PID/task/*/children)."""
+    children: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue                          # the process ended while we looked
+        # field 2 (comm) may hold spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def tree(root: int) -> list[int]:
+    """root and all its descendants that are alive now."""
+    kids = _ppid_map()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, ()))
+    return out
+
+
+def _kb_field(pid: int, file: str, key: str) -> int | None:
+    """A `Key:   N kB` line of /proc/PID/<file>, in bytes (None when the process is gone)."""
+    try:
+        for line in (PROC / str(pid) / file).read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def rss_anon_bytes(pid: int) -> int | None:
+    """RssAnon of one process in bytes (None when it is gone or is a zombie without the field)."""
+    return _kb_field(pid, "status", "RssAnon:")
+
+
+def pss_anon_bytes(pid: int) -> int | None:
+    """Pss_Anon of one process in bytes: anonymous pages, shared ones divided among their sharers."""
+    return _kb_field(pid, "smaps_rollup", "Pss_Anon:")
+
+
+def _cmd(pid: int) -> str:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+
+
+@dataclass
+class TreeSampler:
+    """Samples the summed RssAnon of `root`'s process tree every `interval` seconds in a thread."""
+    root: int
+    interval: float = 0.2
+    samples: int = 0
+    peak_bytes: int = 0                              # RssAnon summed over the tree
+    peak_at_s: float = 0.0
+    peak_processes: list = field(default_factory=list)
+    peak_pss_bytes: int = 0                          # Pss_Anon summed over the tree
+    peak_pss_at_s: float = 0.0
+    max_processes: int = 0
+    timeline: list = field(default_factory=list)    # [seconds since start, RssAnon sum, Pss_Anon sum]
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _t0: float = 0.0
+
+    def start(self) -> "TreeSampler":
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> int:
+        per = [(pid, rss_anon_bytes(pid), pss_anon_bytes(pid)) for pid in tree(self.root)]
+        per = [(pid, r, p or 0) for pid, r, p in per if r is not None]
+        total, pss = sum(r for _, r, _ in per), sum(p for _, _, p in per)
+        now = time.monotonic() - self._t0
+        self.samples += 1
+        self.max_processes = max(self.max_processes, len(per))
+        self.timeline.append([round(now, 2), total, pss])
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_at_s = total, now
+            self.peak_processes = [{"pid": pid, "ppid": _ppid(pid), "rss_anon_bytes": r, "pss_anon_bytes": p,
+                                    "cmd": _cmd(pid)} for pid, r, p in per]
+        if pss > self.peak_pss_bytes:
+            self.peak_pss_bytes, self.peak_pss_at_s = pss, now
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def to_json(self, wall_s: float) -> dict:
+        return {
+            "peak_rss_anon_bytes": self.peak_bytes,
+            "peak_rss_anon_gib": round(self.peak_bytes / 2**30, 3),
+            "peak_at_s": round(self.peak_at_s, 2),
+            "peak_processes": sorted(self.peak_processes, key=lambda p: -p["rss_anon_bytes"]),
+            "peak_pss_anon_bytes": self.peak_pss_bytes,
+            "peak_pss_anon_gib": round(self.peak_pss_bytes / 2**30, 3),
+            "peak_pss_at_s": round(self.peak_pss_at_s, 2),
+            "max_processes_in_tree": self.max_processes,
+            "samples": self.samples,
+            "interval_s": self.interval,
+            "mean_interval_s": round(wall_s / self.samples, 3) if self.samples else None,
+            "note": "sums of RssAnon and of Pss_Anon over the process tree, sampled; spikes shorter "
+                    "than the interval are missed. A fork's RssAnon counts pages it shares "
+                    "copy-on-write with its parent again; Pss_Anon counts every page once",
+            "timeline_columns": ["s", "rss_anon_sum_bytes", "pss_anon_sum_bytes"],
+            "timeline": _thin(self.timeline, TIMELINE_POINTS),
+        }
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def _thin(points: list, n: int) -> list:
+    """At most about n points, keeping the maximum of each stretch (the peak always survives)."""
+    if len(points) <= n:
+        return points
+    step = -(-len(points) // n)
+    return [max(points[i:i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+
+
+@dataclass
+class Monitored:
+    command: list
+    exit_code: int | None
+    signal: str | None
+    wall_s: float
+    memory: dict
+    stdout: str
+    stderr: str
+    max_rss_child_bytes: int | None      # getrusage ru_maxrss of the direct child (includes file pages)
+
+    def to_json(self, include_stderr: bool) -> dict:
+        d = {"command": self.command, "exit_code": self.exit_code, "signal": self.signal,
+             "wall_s": round(self.wall_s, 3), "memory": self.memory,
+             "child_max_rss_bytes_incl_file_pages": self.max_rss_child_bytes}
+        if include_stderr:
+            d["stderr_tail"] = self.stderr[-STDERR_TAIL_CHARS:]
+        return d
+
+
+def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval: float = 0.2,
+                  timeout: float | None = None) -> Monitored:
+    """Run `command` with stdout/stderr to files in `logdir`, sampling its tree; never raises on a
+    failing command (its exit status and stderr are the result)."""
+    logdir.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logdir / "stdout.txt", logdir / "stderr.txt"
+    t0 = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        sampler = TreeSampler(proc.pid, interval).start()
+        status, usage = _wait(proc, timeout)
+        wall = time.monotonic() - t0
+        sampler.stop()
+    code = os.waitstatus_to_exitcode(status) if status is not None else None
+    sig = signal.Signals(-code).name if code is not None and code < 0 else ("timeout" if code is None else None)
+    return Monitored(command, code, sig, wall, sampler.to_json(wall), out_path.read_text(errors="replace"),
+                     err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None)
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None):
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return status, usage
+        if deadline is not None and time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)      # its own session: only the tree we started
+            pid, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            return None, usage
+        time.sleep(0.05)
