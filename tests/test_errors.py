@@ -337,8 +337,8 @@ def test_disk_full_while_writing_is_one_line_and_marks_the_output_incomplete(tmp
     monkeypatch.setattr(store_mod, "atomic_write_bytes", full)
     out = tmp_path / "out"
     opts = RunOptions(recipe=get_recipe("qwen3-tts"), target=get_target("s25-htp"), out=out,
-                      checkpoint=tiny_checkpoint, recipe_options={"left-context": 2, "chunk-frames": 2},
-                      attribution=False, jobs=1)
+                      checkpoint=tiny_checkpoint, components=("code2wav",),
+                      recipe_options={"left-context": 2, "chunk-frames": 2}, attribution=False, jobs=1)
     with pytest.raises(UsageError) as e:
         run(opts)
     assert str(e.value) == (f"disk full while writing {out}/parity-inputs/code2wav.npz; free space and rerun "
@@ -404,7 +404,7 @@ def test_unknown_recipe_lists_the_valid_ones(tmp_path):
     proc = run_cli("whisper-xl", "--target", "s25-htp")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("omni-export: error: unknown recipe 'whisper-xl'; valid: qwen3-tts (other "
-                                   "commands: list, verify)")
+                                   "commands: diff, hub, list, parity, report, synth, verify)")
 
 
 def test_click_usage_errors_are_one_line_too():
