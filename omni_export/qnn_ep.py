@@ -44,8 +44,10 @@ def provider_options(soc_model: str, htp_arch: str, *, fp16: bool) -> dict:
     return opts
 
 
-def session(model: Path | bytes, options: dict, config: dict | None = None, log_severity: int = 3):
-    """An InferenceSession on the QNN EP only (no CPU fallback); `model` is a path or ONNX bytes."""
+def session(model: Path | bytes, options: dict, config: dict | None = None, log_severity: int = 4):
+    """An InferenceSession on the QNN EP only (no CPU fallback); `model` is a path or ONNX bytes.
+    Severity 4 (fatal) by default: on x86 the simulator logs a harmless "Failed to create HTP power
+    config id" error for every session; real failures raise."""
     ort, _ = _register()
     devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
     if not devices:

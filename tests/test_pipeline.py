@@ -185,6 +185,11 @@ def test_a_checkpoint_saved_by_upstream_works_unchanged(tmp_path):
     for rel in ("model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json", "merges.txt",
                 "tokenizer_config.json", "generation_config.json"):
         shutil.copy(src / rel, up / rel)
+    # upstream's config class kept our demo marker as an unknown key and saved it back; a user's
+    # checkpoint has no such key, so drop it (nothing else in the saved config is touched)
+    cfg = json.loads((up / "config.json").read_text())
+    assert cfg.pop(ck.DEMO_MARKER, None) is not None
+    (up / "config.json").write_text(json.dumps(cfg, indent=2))
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--checkpoint", str(up), "--out", str(tmp_path / "o"),
                    "--formats", "onnx", "--precision", "fp16", "--components", "talker_decode,code2wav",
                    "--no-attribution", "--json", "-q", *GEOMETRY)

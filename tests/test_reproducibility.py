@@ -30,8 +30,12 @@ def files_by_format(m: dict) -> dict[str, list[dict]]:
 
 def test_manifest_records_seeds_and_byte_stability_per_format(fp16_build):
     m = read_manifest(fp16_build)
-    assert m["seeds"] == {"python_random": 0, "numpy_global": 0, "torch": 0, "heldout_codes": 2000,
-                          "calibration_codes": [1000, 1001, 1002, 1003], "demo_checkpoint": 0}
+    from omni_export.recipes.qwen3_tts import prompts
+
+    assert m["seeds"] == {"python_random": 0, "numpy_global": 0, "torch": 0, "demo_checkpoint": 0,
+                          "calibration_generations": [1000 + i for i in range(len(prompts.CALIBRATION))],
+                          "heldout_generations": "greedy",
+                          "code2wav_calibration": "windows of the calibration generations"}
     assert set(m["reproducibility"]) == {"onnx", "dlc", "ctx", "pte", "parity-inputs"}
     for fmt, entry in m["reproducibility"].items():
         assert (entry["byte_stable"], entry["why"]) == BYTE_STABLE[fmt]

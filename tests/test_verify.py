@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from omni_export.artifacts.store import listed_files
 from conftest import read_manifest, run_cli
 
 ONNX = "qwen3-tts-code2wav-fp16-s25-htp.onnx"
@@ -29,7 +30,8 @@ def verify(out: Path, *extra: str):
 def test_a_fresh_build_is_clean(fp16_build):
     code, lines = verify(fp16_build)
     m = read_manifest(fp16_build)
-    n = sum(len(b["files"]) for b in m["builds"]) + len(m["components"])    # + parity inputs
+    n = len(listed_files(m))            # build files, parity inputs, kept calibration inputs, sources
+    assert n > sum(len(b["files"]) for b in m["builds"])
     assert code == 0, lines
     assert lines == [f"{fp16_build}: {n} listed files checked; clean"]
 
