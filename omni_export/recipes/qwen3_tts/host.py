@@ -195,12 +195,7 @@ def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray,
         return [int(c) for c in out["codes"][0]], out["embedding"].reshape(-1)
     p = cfg.predictor
     out = graphs("predictor_prefill", {"past_hidden": h, "code0": code0})
-    past = {}
-    for i in range(p.num_hidden_layers):
-        for kind in ("key", "value"):
-            buf = np.zeros((1, p.num_key_value_heads, 17, p.head_dim), np.float32)
-            buf[:, :, :2] = out[f"new_{kind}_{i}"]
-            past[f"past_{kind}_{i}"] = buf
+    past = _predictor_past(p, out)
     codes = [pick(out["logits"][0], None if opts.greedy else noise[0], opts.sub_top_k)]
     for s in range(1, p.num_code_groups - 1):
         out = graphs("predictor_decode", {"code": np.array([[codes[-1]]], np.int32),
@@ -279,12 +274,7 @@ def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOpt
         generated.append(int(frame[0]))
         h = hidden[-1].reshape(1, 1, -1).astype(np.float32)
         out = graphs("predictor_prefill", {"past_hidden": h, "code0": np.array([[frame[0]]], np.int32)})
-        past = {}
-        for i in range(p.num_hidden_layers):
-            for kind in ("key", "value"):
-                buf = np.zeros((1, p.num_key_value_heads, 17, p.head_dim), np.float32)
-                buf[:, :, :2] = out[f"new_{kind}_{i}"]
-                past[f"past_{kind}_{i}"] = buf
+        past = _predictor_past(p, out)
         for s in range(1, p.num_code_groups):
             lg = out["logits"][0]
             pred[k, s], margins[k, s] = int(np.argmax(lg)), _top2_gap(lg)
@@ -301,3 +291,14 @@ def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOpt
             (prompt.trailing[k] if k < len(prompt.trailing) else prompt.pad)
         logits, hidden = talker.run(x_in[None].astype(np.float32))
     return pred, margins
+
+
+def _predictor_past(p, out: dict) -> dict:
+    """The predictor's 17-slot KV inputs after prefill: its two new positions in slots 0..1."""
+    past = {}
+    for i in range(p.num_hidden_layers):
+        for kind in ("key", "value"):
+            buf = np.zeros((1, p.num_key_value_heads, 17, p.head_dim), np.float32)
+            buf[:, :, :2] = out[f"new_{kind}_{i}"]
+            past[f"past_{kind}_{i}"] = buf
+    return past
