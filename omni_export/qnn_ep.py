@@ -6,7 +6,9 @@ CPU fallback is always disabled: a node QNN cannot take fails the session instea
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -58,7 +60,30 @@ def session(model: Path | bytes, options: dict, config: dict | None = None, log_
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
-    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=so)
+    with native_stdout_silenced():
+        return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=so)
+
+
+@contextlib.contextmanager
+def native_stdout_silenced():
+    """Point file descriptor 1 at /dev/null while QNN's HTP library loads: it printf()s a
+    "# LIBNATIVE: ... thread-local behavior" line on every load, straight past Python, into the
+    user's terminal (or into their --json output). Our own output goes through sys.stdout, which
+    is flushed first; errors still raise."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):      # no real fd 1 (embedded, closed)
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _compile_source(model: Path) -> Path | bytes:

@@ -112,7 +112,15 @@ def read_header(path: Path) -> dict:
     return header
 
 
+def _shown(value) -> str:
+    """A header-supplied string as it may appear in a one-line error: control characters escaped, capped."""
+    text = str(value)
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _check_entry(path: Path, name: str, info, data_len: int) -> None:
+    name = _shown(name)
     try:
         begin, end = info["data_offsets"]
         shape = info["shape"]
@@ -125,7 +133,7 @@ def _check_entry(path: Path, name: str, info, data_len: int) -> None:
         raise UsageError(f"{path}: malformed entry for tensor '{name}' in the header")
     itemsize = 2 if dtype == "BF16" else (np.dtype(_ST_DTYPES[dtype]).itemsize if _ST_DTYPES.get(dtype) else None)
     if itemsize is None:
-        raise UsageError(f"{path}: tensor '{name}' has unsupported dtype {dtype}")
+        raise UsageError(f"{path}: tensor '{name}' has unsupported dtype {_shown(dtype)}")
     if not (0 <= begin <= end <= data_len) or end - begin != itemsize * math.prod(shape):
         raise UsageError(f"{path}: tensor '{name}' lies outside the file or has the wrong size "
                          f"(truncated or corrupted download?)")

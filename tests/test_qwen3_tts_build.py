@@ -15,7 +15,7 @@ GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefi
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("q3") / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--precision", "fp16",
-                   "--formats", "onnx,ctx", "--no-attribution", *GEOMETRY, timeout=1500)
+                   "--formats", "onnx,ctx", "--no-attribution", "--e2e-frames", "4", *GEOMETRY, timeout=1500)
     return proc, out
 
 

@@ -344,6 +344,8 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     left, chunk = options.get("left-context"), options.get("chunk-frames")
     if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
         raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
+    if not (isinstance(options.get("e2e-frames"), int) and options["e2e-frames"] >= 0):
+        raise UsageError(f"--e2e-frames must be >= 0 (got {options.get('e2e-frames')}); 0 skips end-to-end parity")
     if options.get("random-weights"):
         size = options.get("size") or "0.6b"
         if size not in ("0.6b", "1.7b"):
