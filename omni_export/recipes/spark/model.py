@@ -1,0 +1,181 @@
+"""Spark-X2.5 loader: checkpoint -> graphs and their real inputs, for the generic pipeline.
+
+Real inputs come from the fp32 graphs themselves: the recipe's calibration prompts are tokenised
+with the checkpoint's tokenizer and generated greedily through the eager prefill + decode graphs,
+and every graph call is captured (Capture); the held-out prompts are captured the same way and only
+ever used for parity. Decode calls run past the sliding window, so the ring buffer wraps in both sets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from ...core import Graph, Samples, UsageError, resolve_specs
+from ...weights import weight_files
+from . import checkpoint as ck
+from . import host, prompts
+from .config import FULL, SLIDING, SparkConfig
+from .recipe import RECIPE
+
+CALIBRATION_TOKENS = 12       # greedy tokens generated per calibration prompt
+HELDOUT_TOKENS = 24
+CALIBRATION_PER_GRAPH = 16
+HELDOUT_PER_GRAPH = 12
+
+
+@dataclass
+class Spark:
+    path: Path
+    options: dict
+    cfg: SparkConfig
+    tensors: dict
+    info: dict = field(default_factory=dict)
+    demo_seed: int | None = None
+    _samples: dict | None = None
+
+    @property
+    def seeds(self) -> dict:
+        s = {"calibration_generations": "greedy", "heldout_generations": "greedy"}
+        if self.demo_seed is not None:
+            s["demo_checkpoint"] = self.demo_seed
+        return s
+
+    @property
+    def prefill_tokens(self) -> int:
+        return int(self.options["prefill-tokens"])
+
+    @property
+    def context(self) -> int:
+        return int(self.options["context-length"])
+
+    def sizes(self) -> dict:
+        c = self.cfg
+        return {"H": c.hidden_size, "V": c.vocab_size, "KV": c.num_key_value_heads, "HD": c.head_dim,
+                "Rf": c.rotary_dim(FULL), "Ls": len(c.sliding_layers), "Lf": len(c.full_layers),
+                "W": c.sliding_window, "C": self.context, "N": self.prefill_tokens}
+
+    def components(self) -> tuple[str, ...]:
+        return tuple(c.name for c in RECIPE.components)
+
+    @cached_property
+    def embedding(self) -> np.ndarray:
+        return self.tensors["model.embedding.weight"].numpy()
+
+    @cached_property
+    def _module(self):
+        from .modules import SparkStep
+
+        return SparkStep(self.cfg, self.tensors).eval()
+
+    def graph(self, component: str) -> Graph:
+        comp = RECIPE.component(component)
+        sizes = self.sizes()
+        return Graph(component, self._module, resolve_specs(comp.inputs, sizes),
+                     resolve_specs(comp.outputs, sizes), comp.logits)
+
+    @cached_property
+    def tokenizer(self):
+        from ...text_tokenizer import load as load_tokenizer
+
+        return load_tokenizer(self.path)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
+        if bad:
+            raise UsageError(f"{self.path}: the tokenizer gives id {bad[0]} but the model's vocab_size is "
+                             f"{self.cfg.vocab_size}; tokenizer and weights do not belong together")
+        return ids
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        e = self.cfg.eos_token_id
+        return tuple(e) if isinstance(e, list) else ((e,) if isinstance(e, int) else ())
+
+    def generate(self, graphs, ids: list[int], max_tokens: int, stop: bool = True) -> host.Generation:
+        return host.generate(graphs, self.cfg, self.embedding, ids, max_tokens, self.prefill_tokens,
+                             self.context, self.stop_ids if stop else ())
+
+    def teacher_forced(self, graphs, ids: list[int], tokens: list[int]) -> list[np.ndarray]:
+        return host.teacher_forced(graphs, self.cfg, self.embedding, ids, tokens, self.prefill_tokens, self.context)
+
+    def prompt_ids(self, which: str) -> list[list[int]]:
+        items = prompts.CALIBRATION if which == "calibration" else prompts.HELDOUT
+        return [self.encode(p) for p in items]
+
+    # ---- real inputs
+    def samples(self, component: str, kind: str) -> Samples:
+        if self._samples is None:
+            self._samples = self._capture()
+        calls, source = self._samples[kind].get(component, ([], ""))
+        return Samples(calls, source)
+
+    def _capture(self) -> dict:
+        import torch
+
+        from ..qwen3_tts.graphs import Capture, EagerGraphs
+
+        threads = torch.get_num_threads()
+        if self.cfg.hidden_size <= 256:          # tiny graphs: thread hand-offs cost more than they save
+            torch.set_num_threads(1)
+        try:
+            result = {}
+            for which, n_tok, limit in (("calibration", CALIBRATION_TOKENS, CALIBRATION_PER_GRAPH),
+                                        ("heldout", HELDOUT_TOKENS, HELDOUT_PER_GRAPH)):
+                cap = Capture(EagerGraphs(self))
+                for ids in self.prompt_ids(which):
+                    self.generate(cap, ids, n_tok, stop=False)
+                src = (f"greedy fp32 generations ({n_tok} tokens) of the recipe's "
+                       f"{len(self.prompt_ids(which))} {which} prompts")
+                result[which] = {name: (_spread(calls, limit), f"{src} ({len(calls)} calls captured)")
+                                 for name, calls in cap.calls.items()}
+            return result
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _spread(calls: list, limit: int) -> list:
+    if len(calls) <= limit:
+        return list(calls)
+    idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
+    return [calls[i] for i in idx]
+
+
+def load(checkpoint: Path | None, options: dict, scratch: Path) -> Spark:
+    """Open a checkpoint (or write the tiny demo one under `scratch`). Options not given take defaults."""
+    options = {**{o.name: o.default for o in RECIPE.options}, **{k: v for k, v in options.items() if v is not None}}
+    for key, lo in (("prefill-tokens", 1), ("context-length", 2), ("e2e-tokens", 0)):
+        v = options.get(key)
+        if not (isinstance(v, int) and v >= lo):
+            raise UsageError(f"--{key} must be an integer >= {lo} (got {v})")
+    if options.get("random-weights"):
+        checkpoint = ck.write_real_shape(Path(scratch) / f"random-{options.get('size')}", options.get("size") or "1.7b")
+    elif checkpoint is None:
+        checkpoint = ck.write_checkpoint(Path(scratch) / "demo-checkpoint")
+    checkpoint = Path(checkpoint)
+    cfg, tensors = ck.load(checkpoint)
+    if not cfg.sliding_layers or not cfg.full_layers:
+        raise UsageError(f"{checkpoint}: layer_types has only {cfg.layer_types[0]} layers; the spark graphs "
+                         f"take both {SLIDING} and {FULL} layers (as every released Spark-X2.5 does)")
+    if options["prefill-tokens"] > options["context-length"]:
+        raise UsageError(f"--prefill-tokens ({options['prefill-tokens']}) must not exceed --context-length "
+                         f"({options['context-length']})")
+    info = ck.demo_info(checkpoint)
+    model = Spark(checkpoint, options, cfg, tensors, demo_seed=info.get("seed") if info else None)
+    model.info = {
+        "path": str(checkpoint.resolve()),
+        "label": info.get("label", "user checkpoint"),
+        "demo": bool(info),
+        "model_type": "spark2_5",
+        "weights": weight_files(checkpoint),
+        "config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                   "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                   "sliding_window": cfg.sliding_window, "sliding_layers": list(cfg.sliding_layers),
+                   "full_layers": list(cfg.full_layers), "rotary_dim_full": cfg.rotary_dim(FULL),
+                   "vocab": cfg.vocab_size, "tied_embeddings": cfg.tie_word_embeddings},
+        "options": {k: v for k, v in model.sizes().items() if k in ("N", "C", "W")},
+    }
+    return model
