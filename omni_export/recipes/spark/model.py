@@ -22,7 +22,8 @@ from .recipe import RECIPE
 
 CALIBRATION_TOKENS = 12       # greedy tokens generated per calibration prompt
 HELDOUT_TOKENS = 24
-CALIBRATION_PER_GRAPH = 16
+CALIBRATION_PER_GRAPH = 32
+COVERAGE_TOKENS = 32          # embedding rows fed to calibrate the input range (see _cover_embedding)
 HELDOUT_PER_GRAPH = 12
 
 
@@ -102,11 +103,31 @@ class Spark:
     def teacher_forced(self, graphs, ids: list[int], tokens: list[int]) -> list[np.ndarray]:
         return host.teacher_forced(graphs, self.cfg, self.embedding, ids, tokens, self.prefill_tokens, self.context)
 
-    def prompt_ids(self, which: str) -> list[list[int]]:
+    def prompt_ids(self, which: str, new_tokens: int = 0) -> list[list[int]]:
+        """The recipe's prompts, tokenised; each cut to leave room for `new_tokens` in the context."""
         items = prompts.CALIBRATION if which == "calibration" else prompts.HELDOUT
-        return [self.encode(p) for p in items]
+        keep = max(1, self.context - new_tokens)
+        return [self.encode(p)[:keep] for p in items]
 
     # ---- real inputs
+    def coverage_ids(self, count: int = COVERAGE_TOKENS) -> list[int]:
+        """Tokens whose embedding rows hold the table's most extreme entries (largest |value| first)."""
+        e = np.abs(self.embedding).max(axis=1)
+        return [int(i) for i in np.argsort(-e, kind="stable")[:count]]
+
+    def _cover_embedding(self, cap) -> None:
+        """The graphs' input is a row gather from a known table, so its true range is the table's, not
+        what a few prompts happen to touch (held-out rows outside the calibrated range are clipped:
+        the decode graph lost ~20 dB at its first norm on the tiny demo). One more calibration sequence
+        feeds the rows holding the table's extreme entries, prefill for half and teacher-forced decode
+        steps for the rest, all through the real fp32 graphs."""
+        ids = self.coverage_ids()[: max(2, self.context - 1)]
+        half = max(1, len(ids) // 2)
+        s = host.Session(cap, self.cfg, self.embedding, self.prefill_tokens, self.context)
+        s.prefill(ids[:half])
+        for tok in ids[half:]:
+            s.decode(tok)
+
     def samples(self, component: str, kind: str) -> Samples:
         if self._samples is None:
             self._samples = self._capture()
@@ -126,8 +147,10 @@ class Spark:
             for which, n_tok, limit in (("calibration", CALIBRATION_TOKENS, CALIBRATION_PER_GRAPH),
                                         ("heldout", HELDOUT_TOKENS, HELDOUT_PER_GRAPH)):
                 cap = Capture(EagerGraphs(self))
-                for ids in self.prompt_ids(which):
+                for ids in self.prompt_ids(which, n_tok):
                     self.generate(cap, ids, n_tok, stop=False)
+                if which == "calibration":
+                    self._cover_embedding(cap)
                 src = (f"greedy fp32 generations ({n_tok} tokens) of the recipe's "
                        f"{len(self.prompt_ids(which))} {which} prompts")
                 result[which] = {name: (_spread(calls, limit), f"{src} ({len(calls)} calls captured)")

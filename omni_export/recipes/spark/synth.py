@@ -1,0 +1,109 @@
+"""`omni-export synth spark`: generate text greedily through the fp32 graphs or a build's graphs.
+
+Only click and the standard library are imported at module load; the work happens in `run`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+HELP = """Generate text with a Spark-X2.5 checkpoint (greedy), through the fp32 reference graphs or the
+exported prefill + decode graphs of a build (--build OUT --runner ort|htp|pte).
+
+\b
+  omni-export synth spark --checkpoint DIR --prompt "Plan a trip to Kyoto." --max-tokens 64
+  omni-export synth spark --build artifacts/spark-s25-htp --runner htp --prompt "Hi" --max-tokens 16
+  omni-export synth spark --checkpoint DIR --prompt-ids 9707,11,1879 --max-tokens 8 --json
+
+The prompt is tokenised as given (no chat template is applied); generation stops at the config's
+eos_token_id or after --max-tokens. The build's own --prefill-tokens / --context-length apply.
+"""
+
+
+def options() -> list:
+    o = click.Option
+    return [
+        o(["--checkpoint", "-c"], type=click.Path(), default=None,
+          help="checkpoint directory; default: the build's checkpoint with --build, else the tiny demo checkpoint"),
+        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
+          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
+        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        o(["--prompt", "-t"], default=None, help="prompt text (tokenised with the checkpoint's tokenizer)"),
+        o(["--prompt-ids"], default=None, help="comma-separated prompt token ids instead of --prompt"),
+        o(["--max-tokens", "-n"], type=int, default=32, show_default=True, help="tokens to generate at most"),
+        o(["--ignore-eos"], is_flag=True, help="do not stop at the end-of-sequence token"),
+        o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
+    ]
+
+
+def run(**kw) -> dict:
+    import tempfile
+
+    from ...core import UsageError
+    from . import model as M
+
+    if kw.get("max_tokens") is None or kw["max_tokens"] < 1:
+        raise UsageError(f"--max-tokens must be >= 1 (got {kw.get('max_tokens')})")
+    build = Path(kw["build"]) if kw.get("build") else None
+    opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
+    with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+
+
+def _run(model, build, kw) -> dict:
+    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+
+    ids = _prompt(model, kw)
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    try:
+        gen = model.generate(graphs, ids, int(kw["max_tokens"]), stop=not kw.get("ignore_eos"))
+    finally:
+        if build:
+            graphs.close()
+    where = (f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build
+             else "fp32 eager")
+    stopped = "eos" if gen.tokens and gen.tokens[-1] in model.stop_ids and not kw.get("ignore_eos") else "max-tokens"
+    return {"text": model.tokenizer.decode(gen.tokens), "tokens": ",".join(map(str, gen.tokens)),
+            "prompt_tokens": len(ids), "generated": len(gen.tokens), "stopped": stopped, "graphs": where,
+            "checkpoint": str(model.path), "label": model.info["label"]}
+
+
+def _prompt(model, kw) -> list[int]:
+    from ...core import UsageError
+
+    if kw.get("prompt_ids"):
+        try:
+            ids = [int(t) for t in kw["prompt_ids"].replace(" ", "").split(",") if t]
+        except ValueError:
+            raise UsageError("--prompt-ids takes comma-separated integers") from None
+        bad = [i for i in ids if not 0 <= i < model.cfg.vocab_size]
+        if bad:
+            raise UsageError(f"--prompt-ids: id {bad[0]} is outside the vocabulary [0, {model.cfg.vocab_size})")
+        return ids
+    if kw.get("prompt"):
+        return model.encode(kw["prompt"])
+    raise UsageError("give --prompt or --prompt-ids")
+
+
+def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
+    from ...core import UsageError
+    from ...recipes import get_recipe
+
+    opts = {o.name: o.default for o in get_recipe("spark").options}
+    if build is None:
+        return opts, checkpoint
+    path = build / "manifest.json"
+    if not path.exists():
+        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
+    try:
+        m = json.loads(path.read_text())
+    except ValueError as e:
+        raise UsageError(f"{path}: unreadable ({e})") from None
+    if m.get("recipe", {}).get("name") != "spark":
+        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not spark")
+    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
+    opts["random-weights"] = False
+    return opts, checkpoint or m["checkpoint"]["path"]
