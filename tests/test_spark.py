@@ -1,0 +1,200 @@
+"""Spark-X2.5 recipe on the tiny seeded checkpoint: loading errors, the ring buffer against a plain
+sliding-window reference (eager and through an exported ONNX decode graph on ORT CPU), the CLI build
+(fp16 onnx + HTP context binaries, manifest, greedy end-to-end agreement) and `synth spark`."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import spark_reference as ref
+from conftest import builds_by, read_manifest, run_cli
+from omni_export.core import Precision, Samples, UsageError
+from omni_export.recipes.spark import checkpoint as ck
+from omni_export.recipes.spark import host
+from omni_export.recipes.spark import model as sm
+
+FAST = ["--prefill-tokens", "8", "--context-length", "64", "--e2e-tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return ck.write_checkpoint(tmp_path_factory.mktemp("spark") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def model(tiny, tmp_path_factory):
+    return sm.load(tiny, {"prefill-tokens": 8, "context-length": 64}, tmp_path_factory.mktemp("scratch"))
+
+
+def _snr(ref_, out):
+    ref_, out = np.asarray(ref_, np.float64), np.asarray(out, np.float64)
+    return 10 * np.log10((ref_ ** 2).sum() / ((ref_ - out) ** 2).sum())
+
+
+# ------------------------------------------------------------------------------------- loading
+
+def test_tiny_checkpoint_has_the_real_structure(model):
+    c = model.cfg
+    assert c.layer_types == ("sliding_attention",) * 3 + ("full_attention",)
+    assert (c.num_attention_heads, c.num_key_value_heads) == (8, 2)
+    assert c.rotary_dim("full_attention") == c.head_dim // 4 and c.rotary_dim("sliding_attention") == c.head_dim
+    assert c.tie_word_embeddings and "lm_head.weight" not in model.tensors
+    assert model.tensors["model.layers.0.self_attn.g_proj.weight"].shape == (8, c.hidden_size)
+
+
+def _copy(tiny, tmp_path):
+    d = tmp_path / "ck"
+    shutil.copytree(tiny, d)
+    return d
+
+
+def test_missing_tensor_is_named(tiny, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(tiny, tmp_path)
+    t = load_file(str(d / "model.safetensors"))
+    del t["model.layers.2.self_attn.g_proj.weight"]
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(UsageError, match=r"tensor 'model.layers.2.self_attn.g_proj.weight' is missing"):
+        ck.load(d)
+
+
+def test_misshapen_tensor_is_named(tiny, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(tiny, tmp_path)
+    t = load_file(str(d / "model.safetensors"))
+    t["model.layers.3.self_attn.q_k_v_proj.weight"] = t["model.layers.3.self_attn.q_k_v_proj.weight"][:-1]
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(UsageError, match=r"'model.layers.3.self_attn.q_k_v_proj.weight' has shape \[383, 64\]"):
+        ck.load(d)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"model_type": "qwen3"}, "model_type is 'qwen3', expected 'spark2_5'"),
+    ({"hidden_act": "silu"}, "hidden_act 'silu' is not supported"),
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types must list"),
+    ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads"),
+])
+def test_bad_config_is_one_clear_error(tiny, tmp_path, edit, message):
+    d = _copy(tiny, tmp_path)
+    raw = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**raw, **edit}))
+    with pytest.raises(UsageError, match=message):
+        ck.load(d)
+
+
+def test_pickle_checkpoint_is_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04junk")
+    with pytest.raises(UsageError, match="never unpickles"):
+        ck.load(tmp_path)
+
+
+# ------------------------------------------------------------------------------------- ring buffer
+
+def test_host_masks_encode_the_window(model):
+    """After W + 5 tokens the ring holds positions 5 .. W+4 and the sliding mask opens exactly the
+    W - 1 slots before the query (plus itself); the full mask opens every earlier slot."""
+    w = model.cfg.sliding_window
+    st = host.KVState(model.cfg, 64)
+    fake = {f"new_{t}_{kv}_{j}": np.zeros((1, 2, 1, 32), np.float32)
+            for t, n in (("swa", 3), ("full", 1)) for kv in ("key", "value") for j in range(n)}
+    for _ in range(w + 5):
+        st.write(fake, 1)
+    assert sorted(st.ring_pos) == list(range(5, w + 5))
+    x = st.inputs(np.zeros((1, model.cfg.hidden_size), np.float32), 1)
+    ring_open = x["mask_swa"][0, 0, 0, :w] == 0
+    assert ring_open.sum() == w - 1 and st.ring_pos[~ring_open].tolist() == [5]   # position q - W is out
+    assert (x["mask_full"][0, 0, 0, :64] == 0).sum() == w + 5
+
+
+def test_eager_decode_past_the_window_matches_plain_reference(model):
+    """The export graphs + host ring buffer, decoding 3 windows past the prompt, against a plain
+    whole-sequence forward with position-based sliding masks (fp64, no cache)."""
+    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+
+    ids = model.encode("Explain what a sliding-window attention layer does.")[:12]
+    gen = model.generate(EagerGraphs(model), ids, 3 * model.cfg.sliding_window, stop=False)
+    assert len(ids) + len(gen.tokens) > 3 * model.cfg.sliding_window
+    reference = ref.forward(model.cfg, model.tensors, ids + gen.tokens).numpy()
+    ours = np.stack(gen.logits)
+    assert _snr(reference[len(ids) - 1:-1], ours) > 100
+    assert gen.tokens == [int(t) for t in reference[len(ids) - 1:-1].argmax(-1)]
+
+
+def test_exported_decode_graph_on_ort_matches_plain_reference(model, tmp_path):
+    """The ring buffer through the exported ONNX prefill + decode graphs on ONNX Runtime CPU:
+    40 positions with a 16-slot window (the ring wraps twice), against the plain reference."""
+    from omni_export.exporters.lower import Lowering
+    from omni_export.parity.runners import RunnerSpec, open_runner
+    from omni_export.targets import get_target
+    from omni_export.trace import trace
+
+    runners = {}
+    for name in ("prefill", "decode"):
+        g = model.graph(name)
+        t = trace(g, None, Samples(model.samples(name, "heldout").inputs[:1], "h"))
+        path = Lowering(t, get_target("cpu"), tmp_path / name).onnx(Precision.FP32)
+        runners[name] = open_runner(RunnerSpec("ort-cpu", str(path), t.input_names, t.output_names))
+    ids = model.encode("How many minutes are there in a week?")[:10]
+    gen = model.generate(lambda n, x: runners[n].run(x), ids, 30, stop=False)
+    for r in runners.values():
+        r.close()
+    seq = ids + gen.tokens
+    assert len(seq) > 2 * model.cfg.sliding_window
+    reference = ref.forward(model.cfg, model.tensors, seq).numpy()[len(ids) - 1:-1]
+    assert _snr(reference, np.stack(gen.logits)) > 80
+    assert gen.tokens == [int(t) for t in reference.argmax(-1)]
+
+
+def test_context_overflow_is_a_usage_error(model):
+    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+
+    with pytest.raises(UsageError, match="larger --context-length"):
+        model.generate(EagerGraphs(model), list(range(60)), 10, stop=False)
+
+
+# ------------------------------------------------------------------------------------- the CLI
+
+@pytest.fixture(scope="module")
+def fp16_build(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("spark_build") / "out"
+    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "fp16",
+            "-f", "onnx,ctx", "--no-attribution", "-q", *FAST, check=True)
+    return out
+
+
+def test_cli_builds_accepted_fp16_prefill_and_decode(fp16_build):
+    m = read_manifest(fp16_build)
+    by = builds_by(m)
+    for comp in ("prefill", "decode"):
+        for fmt in ("onnx", "ctx"):
+            b = by[(comp, fmt, "fp16")]
+            assert b["status"] == "accepted", b["parity"]["reason"]
+            logits = b["parity"]["outputs"][0]
+            assert logits["name"] == "logits" and logits["snr_db"] >= 40 and logits["top1"] >= 0.95
+            assert (fp16_build / b["files"][0]["path"]).exists()
+    inputs = [s["name"] for s in m["components"]["decode"]["inputs"]]
+    assert inputs[:7] == ["inputs_embeds", "cos_full", "sin_full", "cos_swa", "sin_swa", "mask_full", "mask_swa"]
+    shapes = {s["name"]: s["shape"] for s in m["components"]["decode"]["inputs"]}
+    assert shapes["swa_key_2"] == [1, 2, 16, 32] and shapes["full_value_0"] == [1, 2, 64, 32]
+    assert m["checkpoint"]["config"]["sliding_layers"] == [0, 1, 2]
+    e2e = {r["runner"]: r for r in m["end_to_end"]}
+    assert e2e["htp"]["verdict"] == "accepted" and e2e["htp"]["token_agreement"] >= 0.95
+
+
+def test_synth_through_the_build_matches_fp32(fp16_build):
+    args = ["synth", "spark", "--prompt", "Write a haiku about autumn.", "--max-tokens", "6", "--ignore-eos", "--json"]
+    eager = run_cli(*args, "--checkpoint", str(read_manifest(fp16_build)["checkpoint"]["path"]), check=True)
+    built = run_cli(*args, "--build", str(fp16_build), "--runner", "ort", check=True)
+    a, b = json.loads(eager.stdout), json.loads(built.stdout)
+    assert a["generated"] == 6 and a["tokens"] == b["tokens"] and "fp16" in b["graphs"]
+
+
+def test_synth_usage_errors_are_one_line(tmp_path):
+    proc = run_cli("synth", "spark", "--build", str(tmp_path), "--prompt", "x")
+    assert proc.returncode == 2 and "no manifest.json" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
