@@ -191,7 +191,7 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--components"], default=None,
                      help=f"comma-separated subset of: {', '.join(c.name for c in recipe.components)}"),
         click.Option(["--precision", "-p"], default=None,
-                     help="comma-separated precisions (fp32, fp16, w8a16, w8a8); default: the target's ladder"),
+                     help="comma-separated precisions (fp32, fp16, w8a16, w8a8, w4a16); default: the target's ladder"),
         click.Option(["--formats", "-f"], default=None,
                      help="comma-separated formats (onnx, pte, dlc, ctx); default: all the target builds"),
         click.Option(["--out", "-o"], type=click.Path(), default=None,

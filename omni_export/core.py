@@ -18,10 +18,11 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
     W8A16 = "w8a16"
     W8A8 = "w8a8"
+    W4A16 = "w4a16"     # int4 per-channel weights, uint16 activations (QDQ; QNN HTP only)
 
     @property
     def quantized(self) -> bool:
-        return self in (Precision.W8A16, Precision.W8A8)
+        return self in (Precision.W8A16, Precision.W8A8, Precision.W4A16)
 
     @classmethod
     def parse(cls, text: str) -> "Precision":
@@ -57,6 +58,7 @@ DEFAULT_GATES_DB: Mapping[Precision, float] = {
     Precision.FP16: 40.0,
     Precision.W8A16: 30.0,
     Precision.W8A8: 30.0,
+    Precision.W4A16: 30.0,
 }
 
 
@@ -200,7 +202,7 @@ class Samples:
 UNITS = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
 UNIT_NAMES = {"htp": "Hexagon NPU (HTP)", "gpu": "Adreno GPU", "cpu": "CPU"}
 # What each unit can run: the HTP has no fp32 datapath; the GPU runs float only.
-UNIT_PRECISIONS = {"htp": (Precision.FP16, Precision.W8A16, Precision.W8A8),
+UNIT_PRECISIONS = {"htp": (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
                    "gpu": (Precision.FP32, Precision.FP16),
                    "cpu": tuple(Precision)}
 

@@ -12,7 +12,7 @@ REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
-_HTP_PRECISIONS = (Precision.FP16, Precision.W8A16, Precision.W8A8)
+_HTP_PRECISIONS = (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16)
 _HTP_NOTE = "the HTP has no fp32 datapath"
 
 # What AI Hub compiles each local format's device build for (--target_runtime). The ONNX build
@@ -32,7 +32,7 @@ _ADRENO = Placement("gpu", (Format.ONNX,), (Precision.FP32,), {Format.ONNX: "qnn
                         "ONNX Runtime CPU at the same precision as a proxy (QNN's GPU backend does not "
                         "run on x86)")
 _VOCODER_ON_GPU = {"code2wav": _ADRENO}
-_HET_PRECISIONS = (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8)
+_HET_PRECISIONS = (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16)
 _HET_NOTE = "fp32 runs on the Adreno GPU only (the HTP has no fp32 datapath)"
 
 TARGETS: dict[str, Target] = {
@@ -82,10 +82,10 @@ TARGETS: dict[str, Target] = {
 
 # Which (format, precision) pairs a format can build at all, whatever the target.
 FORMAT_PRECISIONS: dict[Format, tuple[Precision, ...]] = {
-    Format.ONNX: (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8),
+    Format.ONNX: (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
     # HTP has no fp32 datapath; fp16 comes from the fp32 ONNX with HTP fp16 precision.
-    Format.DLC: (Precision.FP16, Precision.W8A16, Precision.W8A8),
-    Format.CTX: (Precision.FP16, Precision.W8A16, Precision.W8A8),
+    Format.DLC: (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
+    Format.CTX: (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
     # XNNPACK: fp32, fp16, PT2E static int8 (w8a8), and int8 weight-only with fp16
     # activations (w8a16: 16-bit float activations; XNNPACK has no int16 activations).
     Format.PTE: (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8),
@@ -94,6 +94,7 @@ FORMAT_PRECISIONS: dict[Format, tuple[Precision, ...]] = {
 UNSUPPORTED_REASON: dict[Format, str] = {
     Format.DLC: "the HTP has no fp32 datapath (build fp16 instead)",
     Format.CTX: "the HTP has no fp32 datapath (build fp16 instead)",
+    Format.PTE: "the XNNPACK exporter here has no int4-weight scheme (w4a16 is built as QDQ for the HTP)",
 }
 
 

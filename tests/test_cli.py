@@ -24,7 +24,7 @@ def test_list_names_recipes_components_targets_precisions_formats():
 
 @pytest.mark.parametrize("args,message", [
     (["--target", "pixel9"], "unknown target 'pixel9'; valid: s25-htp, s24-htp, s25, s24, cpu"),
-    (["--precision", "int4"], "unknown precision 'int4'; valid: fp32, fp16, w8a16, w8a8"),
+    (["--precision", "int4"], "unknown precision 'int4'; valid: fp32, fp16, w8a16, w8a8, w4a16"),
     (["--formats", "tflite"], "unknown format 'tflite'; valid: onnx, dlc, ctx, pte"),
     (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: text_projection, "
                                   "talker_prefill, talker_decode, predictor_prefill, predictor_decode, "
@@ -33,7 +33,7 @@ def test_list_names_recipes_components_targets_precisions_formats():
     (["--rewrites", "magic"], "unknown rewrite 'magic'; valid: pow_mul, act_barrier, sin_poly, none"),
     (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc; its formats: onnx, pte"),
     (["--target", "s25-htp", "--precision", "fp32", "--formats", "dlc"],
-     "target s25-htp cannot run fp32 (the HTP has no fp32 datapath); valid precisions for s25-htp: fp16, w8a16, w8a8"),
+     "target s25-htp cannot run fp32 (the HTP has no fp32 datapath); valid precisions for s25-htp: fp16, w8a16, w8a8, w4a16"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(tmp_path, args, message):
     proc = run_cli("qwen3-tts", "--out", str(tmp_path / "o"), *args)

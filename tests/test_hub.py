@@ -130,7 +130,7 @@ def test_s25_places_the_lm_on_the_npu_and_code2wav_on_the_gpu():
     assert {(b.component, b.format.value) for b in p32.builds} == {("code2wav", "onnx")}
     reasons = {(s["component"], s["format"]): s["reason"] for s in p32.skipped}
     assert reasons[("talker_decode", "onnx")] == ("talker_decode runs on the Hexagon NPU (HTP) on s25, "
-                                                  "which runs fp16, w8a16, w8a8")
+                                                  "which runs fp16, w8a16, w8a8, w4a16")
     assert "code2wav runs on the Adreno GPU on s25, which takes onnx" == reasons[("code2wav", "dlc")]
     assert get_target("s24").place("code2wav").unit == "gpu" and get_target("s24").soc_model == "57"
 
@@ -150,7 +150,7 @@ def test_the_gpu_placed_build_is_scored_on_a_labelled_cpu_proxy(s25_build):
     assert m["target"]["placement"] == {"code2wav": "gpu", "text_projection": "htp"}
     assert all(x["status"] == "accepted" for x in b.values()) and len(b) == 4
     assert {(s["component"], s["precision"]): s["reason"] for s in m["skipped"]} == {
-        ("text_projection", "fp32"): "text_projection runs on the Hexagon NPU (HTP) on s25, which runs fp16, w8a16, w8a8",
+        ("text_projection", "fp32"): "text_projection runs on the Hexagon NPU (HTP) on s25, which runs fp16, w8a16, w8a8, w4a16",
         ("code2wav", "w8a16"): "code2wav runs on the Adreno GPU on s25, which runs fp32, fp16"}
     assert set(m["components"]["code2wav"]["sources"]) == {"fp32"}
     assert set(m["components"]["text_projection"]["sources"]) == {"fp32", "w8a16"}

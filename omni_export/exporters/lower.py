@@ -145,7 +145,8 @@ class Lowering:
         d = {"opset": OPSET, "rewrites": self.rewrite_report}
         if p.quantized:
             d["scheme"] = {"w8a16": "QDQ: uint8 per-channel weights, uint16 activations (MinMax)",
-                           "w8a8": "QDQ: uint8 per-channel weights, uint8 activations (MinMax)"}[p.value]
+                           "w8a8": "QDQ: uint8 per-channel weights, uint8 activations (MinMax)",
+                           "w4a16": "QDQ: int4 symmetric per-channel weights, uint16 activations (MinMax)"}[p.value]
             d["calibration_samples"] = len(self.traced.calibration)
         elif p == Precision.FP16:
             d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp32 ONNX" if qnn

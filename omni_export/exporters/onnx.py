@@ -95,18 +95,21 @@ class _Reader:
 
 
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision) -> Path:
-    """Static QDQ for the HTP: int8 per-channel weights, 16- or 8-bit activations, MinMax ranges
-    collected by running the fp32 model on `calibration` (captured real inputs; never dummies)."""
+    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) per-channel weights,
+    16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
+    (captured real inputs; never dummies)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     if not calibration:
         raise ValueError("quantization needs calibration data; none was given")
-    act = {Precision.W8A16: QuantType.QUInt16, Precision.W8A8: QuantType.QUInt8}[precision]
+    act = {Precision.W8A16: QuantType.QUInt16, Precision.W8A8: QuantType.QUInt8,
+           Precision.W4A16: QuantType.QUInt16}[precision]
+    weight = QuantType.QInt4 if precision == Precision.W4A16 else QuantType.QUInt8
     model = onnx.load(str(src))
     cfg = get_qnn_qdq_config(model, _Reader(calibration), activation_type=act,
-                             weight_type=QuantType.QUInt8, per_channel=True)
+                             weight_type=weight, per_channel=True)
     logging.getLogger().setLevel(logging.ERROR)   # ORT prints pre-processing advice at WARNING
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize(str(src), str(dst), cfg)

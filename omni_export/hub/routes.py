@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..artifacts.inputs import source_key
 from ..core import Format, Precision, Target
 
-QUANTIZE_DTYPES = {"w8a16": ("INT8", "INT16"), "w8a8": ("INT8", "INT8")}
+QUANTIZE_DTYPES = {"w8a16": ("INT8", "INT16"), "w8a8": ("INT8", "INT8"), "w4a16": ("INT4", "INT16")}
 LOCAL_QDQ = "local QDQ (onnxruntime QNN config: uint8 per-channel weights, MinMax calibration)"
 
 

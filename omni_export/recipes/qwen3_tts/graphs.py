@@ -54,7 +54,7 @@ class BuildGraphs:
         m = manifest or self._read(Path(out))
         fmt, kind = RUNNER_FORMATS[runner]
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
-                                                     key=["fp32", "fp16", "w8a16", "w8a8"].index)
+                                                     key=["fp32", "fp16", "w8a16", "w8a8", "w4a16"].index)
         self.specs, self.precision = {}, {}
         opts = _runner_options(m, kind)
         for comp, info in m["components"].items():
