@@ -9,6 +9,8 @@ architecture `Spark2_5ForCausalLM`), checked against its modeling file and the M
   headwise_attn_output_gate / gate_attn_act_mode   out *= act(g_proj(x)) per head (sigmoid or silu)
   hidden_act         "gelu" (exact, erf) in the gate/up/down MLP; upstream refuses anything else
   tie_word_embeddings  logits = norm(h) @ model.embedding.weight^T
+A key missing from config.json takes the default of the released Spark2_5Config class (no gate, untied
+embeddings, kv heads = heads, theta 1e4); the released checkpoints set all of them explicitly.
 """
 from __future__ import annotations
 
@@ -103,7 +105,8 @@ def parse(raw: dict, path: Path) -> SparkConfig:
                          f"--checkpoint at a Spark-X2.5 checkpoint (e.g. Spark-X2.5-1.7B)")
     n = _int(raw, "num_hidden_layers", path, hi=1024)
     heads = _int(raw, "num_attention_heads", path, hi=1024)
-    kv = _int(raw, "num_key_value_heads", path, hi=1024)
+    kv = _int({**raw, "num_key_value_heads": raw.get("num_key_value_heads") or heads}, "num_key_value_heads",
+              path, hi=1024)
     if heads % kv:
         raise UsageError(f"{path}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
     hidden = _int(raw, "hidden_size", path)
@@ -133,8 +136,8 @@ def parse(raw: dict, path: Path) -> SparkConfig:
         sliding_window=int(window or 0), rope_parameters={k: dict(v) for k, v in rope.items()},
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), hidden_act=act,
         attention_bias=bool(raw.get("attention_bias", False)), mlp_bias=bool(raw.get("mlp_bias", False)),
-        headwise_attn_output_gate=bool(raw.get("headwise_attn_output_gate", True)), gate_attn_act_mode=mode,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        headwise_attn_output_gate=bool(raw.get("headwise_attn_output_gate", False)), gate_attn_act_mode=mode,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embeddings=int(raw.get("max_position_embeddings") or 1048576),
         bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"))
