@@ -17,7 +17,7 @@ from omni_export.recipes.spark import checkpoint as ck
 from omni_export.recipes.spark import host
 from omni_export.recipes.spark import model as sm
 
-FAST = ["--prefill-tokens", "8", "--context-length", "64", "--e2e-tokens", "8"]
+FAST = ["--prefill-tokens", "8", "--context-length", "64", "--e2e-tokens", "6"]
 
 
 @pytest.fixture(scope="module")

@@ -95,8 +95,9 @@ def _end_to_end(m: dict) -> list[str]:
     rows = [rows] if isinstance(rows, dict) else rows
     if not rows:
         return []
+    unit = "tokens" if any("token_agreement" in r for r in rows) else "codes"   # an LLM's rows: greedy tokens
     lines = ["", "End to end (held-out prompts through the exported graphs, driven by the host loop):", "",
-             "| precision | runner | teacher-forced codes | free-running codes | wav SNR dB | verdict |",
+             f"| precision | runner | teacher-forced {unit} | free-running {unit} | wav SNR dB | verdict |",
              "|---|---|---:|---:|---:|---|"]
     pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"       # noqa: E731
     for r in rows:
@@ -104,7 +105,7 @@ def _end_to_end(m: dict) -> list[str]:
             lines.append(f"| {r.get('precision')} | {r.get('runner')} | — | — | — | skipped: {r.get('reason', '')} |")
             continue
         flips = f" ({r['near_tie_flips']}/{r['flips']} flips near-tie)" if "flips" in r else ""
-        lines.append(f"| {r.get('precision', '—')} | {r.get('runner', '—')} | {pct(r.get('code_agreement'))}{flips} | "
+        lines.append(f"| {r.get('precision', '—')} | {r.get('runner', '—')} | {pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
                      f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "
                      f"{VERDICT.get(r.get('verdict'), r.get('verdict') or '—')} |")
     return lines
