@@ -198,3 +198,19 @@ def test_synth_through_the_build_matches_fp32(fp16_build):
 def test_synth_usage_errors_are_one_line(tmp_path):
     proc = run_cli("synth", "spark", "--build", str(tmp_path), "--prompt", "x")
     assert proc.returncode == 2 and "no manifest.json" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_real_shape_geometry_is_spark_x2_5_1_7b():
+    """--random-weights --size 1.7b: the published shape (28 layers, [s, s, s, f] x 7, window 512,
+    8 x 256 query / 2 kv heads, tied 131072-row embedding) adds up to 1.7 B parameters."""
+    import math
+
+    c = ck.geometry("1.7b")
+    assert c.layer_types[:4] == ("sliding_attention",) * 3 + ("full_attention",)
+    assert c.layer_types.count("full_attention") == 7 and c.full_layers == (3, 7, 11, 15, 19, 23, 27)
+    assert (c.sliding_window, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (512, 8, 2, 256)
+    assert c.rotary_dim("full_attention") == 64
+    params = sum(math.prod(d.shape) for d in ck.tensor_table(c).values())
+    assert 1.65e9 < params < 1.75e9, params
+    with pytest.raises(UsageError, match="--size must be 1.7b"):
+        ck.geometry("7b")
