@@ -92,6 +92,9 @@ def main():
       omni-export qwen3-tts --target s25-htp
     Then on your own checkpoint:
       omni-export qwen3-tts --target s25-htp --checkpoint ./Qwen3-TTS-12Hz-0.6B-CustomVoice
+    An LLM (prefill + decode graphs, ring-buffer KV), then text through its graphs:
+      omni-export spark --target s25-htp --checkpoint ./Spark-X2.5-1.7B
+      omni-export synth spark --build artifacts/spark-s25-htp --runner htp --prompt "Hi"
 
     Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none.
     """
