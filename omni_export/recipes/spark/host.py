@@ -54,11 +54,16 @@ class KVState:
             out[f"full_key_{j}"], out[f"full_value_{j}"] = self.full[2 * j], self.full[2 * j + 1]
         return out
 
-    def inputs(self, embeds: np.ndarray, block: int) -> dict:
-        """Graph inputs for `len(embeds)` real tokens at positions pos.. padded to `block`."""
+    def inputs(self, embeds: np.ndarray, block: int, pad: np.ndarray | None = None) -> dict:
+        """Graph inputs for `len(embeds)` real tokens at positions pos.. padded to `block` with the
+        `pad` embedding row. Padding rows are computed and dropped; a real row keeps them ordinary
+        activations (an all-zero row has mean(x^2) + eps below one uint16 step of the norm's range,
+        and its 0/0 polluted both the quantized outputs and the calibration ranges)."""
         c, n, w = self.cfg, len(embeds), self.cfg.sliding_window
         x = np.zeros((1, block, c.hidden_size), np.float32)
         x[0, :n] = embeds
+        if pad is not None and n < block:
+            x[0, n:] = pad
         positions = np.arange(self.pos, self.pos + block)
         cf, sf = rope_table(positions, c.rotary_dim(FULL), c.rope_theta(FULL))
         cs, ss = rope_table(positions, c.rotary_dim(SLIDING), c.rope_theta(SLIDING))
@@ -110,7 +115,10 @@ class Session:
         if self.state.pos + len(ids) > self.state.context:
             raise UsageError(f"the sequence needs {self.state.pos + len(ids)} positions but the graphs have "
                              f"{self.state.context} context slots; rebuild with a larger --context-length")
-        out = self.graphs(name, self.state.inputs(self.embedding[np.asarray(ids, np.int64)], block))
+        pad_id = self.cfg.pad_token_id if isinstance(self.cfg.pad_token_id, int) and \
+            0 <= self.cfg.pad_token_id < len(self.embedding) else ids[-1]
+        out = self.graphs(name, self.state.inputs(self.embedding[np.asarray(ids, np.int64)], block,
+                                                  self.embedding[pad_id]))
         self.state.write(out, len(ids))
         return out["logits"][0, :len(ids)]
 
