@@ -12,12 +12,12 @@ import torch
 
 import spark_reference as ref
 from conftest import builds_by, read_manifest, run_cli
-from omni_export.core import Precision, Samples, UsageError
+from omni_export.core import UsageError
 from omni_export.recipes.spark import checkpoint as ck
 from omni_export.recipes.spark import host
 from omni_export.recipes.spark import model as sm
 
-FAST = ["--prefill-tokens", "8", "--context-length", "64", "--e2e-tokens", "6"]
+FAST = ["--prefill-tokens", "8", "--context-length", "64", "--e2e-tokens", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,14 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(tiny, tmp_path_factory):
     return sm.load(tiny, {"prefill-tokens": 8, "context-length": 64}, tmp_path_factory.mktemp("scratch"))
+
+
+@pytest.fixture(scope="module")
+def fp16_build(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("spark_build") / "out"
+    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "fp16",
+            "-f", "onnx,ctx", "--no-attribution", "-q", *FAST, check=True)
+    return out
 
 
 def _snr(ref_, out):
@@ -126,20 +134,19 @@ def test_eager_decode_past_the_window_matches_plain_reference(model):
     assert gen.tokens == [int(t) for t in reference[len(ids) - 1:-1].argmax(-1)]
 
 
-def test_exported_decode_graph_on_ort_matches_plain_reference(model, tmp_path):
-    """The ring buffer through the exported ONNX prefill + decode graphs on ONNX Runtime CPU:
-    40 positions with a 16-slot window (the ring wraps twice), against the plain reference."""
-    from omni_export.exporters.lower import Lowering
+def test_exported_decode_graph_on_ort_matches_plain_reference(model, fp16_build):
+    """The ring buffer through the exported fp32 ONNX prefill + decode graphs (the build's sources/,
+    what AI Hub compiles) on ONNX Runtime CPU: 40 positions with a 16-slot window (the ring wraps
+    twice), against the plain reference."""
     from omni_export.parity.runners import RunnerSpec, open_runner
-    from omni_export.targets import get_target
-    from omni_export.trace import trace
 
+    m = read_manifest(fp16_build)
     runners = {}
     for name in ("prefill", "decode"):
-        g = model.graph(name)
-        t = trace(g, None, Samples(model.samples(name, "heldout").inputs[:1], "h"))
-        path = Lowering(t, get_target("cpu"), tmp_path / name).onnx(Precision.FP32)
-        runners[name] = open_runner(RunnerSpec("ort-cpu", str(path), t.input_names, t.output_names))
+        info = m["components"][name]
+        path = fp16_build / info["sources"]["fp32"]["path"]
+        runners[name] = open_runner(RunnerSpec("ort-cpu", str(path), tuple(s["name"] for s in info["inputs"]),
+                                               tuple(s["name"] for s in info["outputs"])))
     ids = model.encode("How many minutes are there in a week?")[:10]
     gen = model.generate(lambda n, x: runners[n].run(x), ids, 30, stop=False)
     for r in runners.values():
@@ -159,14 +166,6 @@ def test_context_overflow_is_a_usage_error(model):
 
 
 # ------------------------------------------------------------------------------------- the CLI
-
-@pytest.fixture(scope="module")
-def fp16_build(tiny, tmp_path_factory):
-    out = tmp_path_factory.mktemp("spark_build") / "out"
-    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "fp16",
-            "-f", "onnx,ctx", "--no-attribution", "-q", *FAST, check=True)
-    return out
-
 
 def test_cli_builds_accepted_fp16_prefill_and_decode(fp16_build):
     m = read_manifest(fp16_build)
