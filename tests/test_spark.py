@@ -213,3 +213,19 @@ def test_real_shape_geometry_is_spark_x2_5_1_7b():
     assert 1.65e9 < params < 1.75e9, params
     with pytest.raises(UsageError, match="--size must be 1.7b"):
         ck.geometry("7b")
+
+
+def test_w4a16_is_planned_for_the_htp_formats_and_skipped_for_pte_with_a_reason():
+    from pathlib import Path
+
+    from omni_export.core import Precision
+    from omni_export.pipeline import RunOptions, plan
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    p = plan(RunOptions(get_recipe("spark"), get_target("s25-htp"), Path("unused"), components=("decode",),
+                        precisions=(Precision.parse("w4a16"),)))
+    assert {b.format.value for b in p.builds} == {"onnx", "dlc", "ctx"}
+    assert Precision.W4A16.quantized
+    (skip,) = p.skipped
+    assert skip["format"] == "pte" and "no int4-weight scheme" in skip["reason"]
