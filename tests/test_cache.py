@@ -2,13 +2,18 @@
 option rebuilds only the components it affects, a changed weight file rebuilds, --force rebuilds."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from pathlib import Path
+
+import jsonschema
 
 import pytest
 
 from conftest import read_manifest, run_cli
 
+SCHEMAS = Path(__file__).resolve().parents[1] / "omni_export" / "schemas"
 BUILD = ["qwen3-tts", "--components", "code2wav,text_projection", "--formats", "onnx", "--precision", "fp16",
          "--left-context", "2", "--chunk-frames", "2", "--no-attribution", "--json"]
 
@@ -71,6 +76,7 @@ def test_unchanged_build_is_reused_and_changes_rebuild_what_they_affect(ckpt, tm
         f.truncate(os.path.getsize(victim) // 2)
     run_cli(*one, check=True)
     assert hits(read_manifest(out)) == {"text_projection": False}
+    jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
     assert run_cli("verify", str(out)).returncode == 0
 
     # --force rebuilds an unchanged build, and the next run reuses what it built
@@ -87,3 +93,4 @@ def test_unchanged_build_is_reused_and_changes_rebuild_what_they_affect(ckpt, tm
     st.write_bytes(bytes(changed))
     run_cli(*one, check=True)
     assert hits(read_manifest(out)) == {"text_projection": False}
+    jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
