@@ -109,8 +109,39 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
 
 # --------------------------------------------------------------------------------------------- run
 
+class StageLog(Progress):
+    """Wraps a Progress and appends one JSON line per stage start/end to a file (wall-clock
+    seconds): OMNI_EXPORT_STAGE_LOG=path. The benchmark harness lines these up with its memory
+    samples to attribute the peak to a stage."""
+
+    def __init__(self, inner: Progress, path: str):
+        self.inner, self.path = inner, path
+
+    def _log(self, event: str, text: str) -> None:
+        import json
+
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "event": event, "stage": text}) + "\n")
+
+    @contextlib.contextmanager
+    def stage(self, text: str) -> Iterator[None]:
+        self._log("start", text)
+        try:
+            with self.inner.stage(text):
+                yield
+        finally:
+            self._log("end", text)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
+
+
 def run(opts: RunOptions, progress: Progress | None = None) -> Result:
+    import os
+
     progress = progress or Progress()
+    if os.environ.get("OMNI_EXPORT_STAGE_LOG"):
+        progress = StageLog(progress, os.environ["OMNI_EXPORT_STAGE_LOG"])
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
     try:
