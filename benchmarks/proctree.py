@@ -97,9 +97,11 @@ class TreeSampler:
     timeline: list = field(default_factory=list)    # [seconds since start, RssAnon sum, Pss_Anon sum]
     _stop: threading.Event = field(default_factory=threading.Event)
     _t0: float = 0.0
+    t0_wall: float = 0.0                            # time.time() at the first sample (stage logs use it)
 
     def start(self) -> "TreeSampler":
         self._t0 = time.monotonic()
+        self.t0_wall = time.time()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -145,6 +147,7 @@ class TreeSampler:
             "note": "sums of RssAnon and of Pss_Anon over the process tree, sampled; spikes shorter "
                     "than the interval are missed. A fork's RssAnon counts pages it shares "
                     "copy-on-write with its parent again; Pss_Anon counts every page once",
+            "t0_unix": round(self.t0_wall, 3),
             "timeline_columns": ["s", "rss_anon_sum_bytes", "pss_anon_sum_bytes"],
             "timeline": _thin(self.timeline, TIMELINE_POINTS),
         }
@@ -202,8 +205,34 @@ def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval
         sampler.stop()
     code = os.waitstatus_to_exitcode(status) if status is not None else None
     sig = signal.Signals(-code).name if code is not None and code < 0 else ("timeout" if code is None else None)
-    return Monitored(command, code, sig, wall, sampler.to_json(wall), out_path.read_text(errors="replace"),
+    memory = sampler.to_json(wall)
+    stages = logdir / "stages.jsonl"
+    if stages.exists():
+        memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall)
+    return Monitored(command, code, sig, wall, memory, out_path.read_text(errors="replace"),
                      err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None)
+
+
+def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
+    """Per stage of the measured run (its OMNI_EXPORT_STAGE_LOG): wall seconds and the peak summed
+    RssAnon sampled while it ran -- attribution by stage, not by subtracting totals. A stage
+    shorter than the sampling interval may have no sample (peak None)."""
+    import json
+
+    open_at, rows = {}, []
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e["event"] == "start":
+            open_at[e["stage"]] = e["t"]
+        elif e["stage"] in open_at:
+            a, b = open_at.pop(e["stage"]) - t0_wall, e["t"] - t0_wall
+            inside = [r for s, r, _ in timeline if a <= s <= b]
+            rows.append({"stage": e["stage"], "start_s": round(a, 2), "wall_s": round(b - a, 2),
+                         "peak_rss_anon_gib": round(max(inside) / 2**30, 3) if inside else None})
+    return rows
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None):

@@ -113,7 +113,9 @@ def run_build(args, argv: list[str]) -> int:
     cmd = bb.command(args.size, out, extra)
     prov = provenance.collect(argv, {"size": args.size, "extra": extra, "interval_s": args.interval})
     print(f"build {args.size}: {' '.join(cmd)}", file=sys.stderr)
-    mon = proctree.run_monitored(cmd, cwd=ROOT, env=bb.env(), logdir=out.with_name(out.name + "-logs"),
+    logdir = out.with_name(out.name + "-logs")
+    mon = proctree.run_monitored(cmd, cwd=ROOT, env={**bb.env(), "OMNI_EXPORT_STAGE_LOG": str(logdir / "stages.jsonl")},
+                                 logdir=logdir,
                                  interval=args.interval, timeout=args.timeout)
     manifest = bb.read_manifest(out)
     failed = mon.exit_code not in (0, 3) or manifest is None
@@ -146,6 +148,10 @@ def _print_build(d: dict, path: Path) -> None:
     print(f"{d['status']}: exit {p['exit_code']}, wall {p['wall_s']:.1f} s, peak RssAnon (tree) "
           f"{m['peak_rss_anon_gib']:.2f} GiB, peak Pss_Anon (tree) {m['peak_pss_anon_gib']:.2f} GiB "
           f"over {m['samples']} samples")
+    ranked = sorted((s for s in m.get("stages", []) if s["peak_rss_anon_gib"] is not None),
+                    key=lambda s: -s["peak_rss_anon_gib"])
+    for s in ranked[:6]:
+        print(f"  {s['peak_rss_anon_gib']:6.2f} GiB peak  {s['wall_s']:8.1f} s  {s['stage']}")
     if d["budget"]:
         print(f"budget: peak within {d['budget']['peak_within']}, wall within {d['budget']['wall_within']}")
     print(f"result: {path}")

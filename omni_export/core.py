@@ -139,6 +139,9 @@ class RecipeOption:
     type: type
     default: Any
     help: str
+    # the components whose graphs or captured inputs the option changes (build cache keys):
+    # None = all of them; () = none (e.g. an option of the end-to-end check only)
+    affects: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

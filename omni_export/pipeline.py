@@ -109,12 +109,43 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
 
 # --------------------------------------------------------------------------------------------- run
 
+class StageLog(Progress):
+    """Wraps a Progress and appends one JSON line per stage start/end to a file (wall-clock
+    seconds): OMNI_EXPORT_STAGE_LOG=path. The benchmark harness lines these up with its memory
+    samples to attribute the peak to a stage."""
+
+    def __init__(self, inner: Progress, path: str):
+        self.inner, self.path = inner, path
+
+    def _log(self, event: str, text: str) -> None:
+        import json
+
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "event": event, "stage": text}) + "\n")
+
+    @contextlib.contextmanager
+    def stage(self, text: str) -> Iterator[None]:
+        self._log("start", text)
+        try:
+            with self.inner.stage(text):
+                yield
+        finally:
+            self._log("end", text)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
+
+
 def run(opts: RunOptions, progress: Progress | None = None) -> Result:
+    import os
+
     progress = progress or Progress()
+    if os.environ.get("OMNI_EXPORT_STAGE_LOG"):
+        progress = StageLog(progress, os.environ["OMNI_EXPORT_STAGE_LOG"])
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
     try:
-        store.begin(opts.recipe.name, opts.target.name, opts.force)
+        previous = store.begin(opts.recipe.name, opts.target.name, opts.force)
     except OSError as e:
         _raise_if_disk_full(e, opts.out, store.incomplete)
         raise
@@ -122,7 +153,7 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
         progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
                       f"its files are rebuilt or removed")
     try:
-        return _run(opts, store, progress)
+        return _run(opts, store, progress, None if store.recovered is not None else previous)
     except BaseException as e:
         _raise_if_disk_full(e, opts.out, store.abort())
         raise
@@ -137,27 +168,67 @@ def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
                          + (f" ({out} is marked incomplete)" if incomplete else "")) from e
 
 
-def _run(opts: RunOptions, store: Store, progress: Progress) -> Result:
+def _run(opts: RunOptions, store: Store, progress: Progress, previous: dict | None) -> Result:
+    from .artifacts.cache import BuildCache
+
     started = time.time()
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     seeds = repro.seed_everything()
     loader = load_callable(opts.recipe.loader)
-    with progress.stage("load checkpoint"):
-        model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
-    the_plan = plan(opts, model.components() if hasattr(model, "components") else None)
-    crash_point("loaded")
+    model = None
+
+    def loaded():
+        nonlocal model
+        if model is None:
+            with progress.stage("load checkpoint"):
+                model = loader(opts.checkpoint, _recipe_options(opts), opts.out)
+            crash_point("loaded")
+        return model
+
+    cache = BuildCache(opts, previous, _recipe_options(opts), _rewrites(opts), reuse=not opts.force)
+    available = cache.model_components()
+    if available is None:
+        m = loaded()
+        available = m.components() if hasattr(m, "components") else None
+    the_plan = plan(opts, available)
     entries: list[dict] = []
     components: dict[str, dict] = {}
     by_comp: dict[str, list[BuildSpec]] = {}
     for b in the_plan.builds:
         by_comp.setdefault(b.component, []).append(b)
     for comp_name, builds in by_comp.items():
-        components[comp_name] = _run_component(opts, model, comp_name, builds, store, entries, progress)
+        component = opts.recipe.component(comp_name)
+        thresholds = {b.precision: _gate(opts, component, b.precision) for b in builds}
+        reused = cache.reuse_component(comp_name, builds, thresholds, opts.out)
+        if reused is not None:
+            components[comp_name], comp_entries = reused
+            entries.extend(comp_entries)
+            progress.note(f"{comp_name}: {len(comp_entries)} build(s) unchanged, reused from the cache "
+                          f"(--force rebuilds)")
+            continue
+        first = len(entries)
+        components[comp_name] = _run_component(opts, loaded(), comp_name, builds, store, entries, progress)
+        cache.stamp(comp_name, components[comp_name], entries[first:], builds, thresholds, created)
         gc.collect()
-    manifest = _manifest(opts, model, the_plan, entries, components, time.time() - started)
-    manifest["end_to_end"] = _end_to_end(opts, model, manifest, progress)
+    info = model.info if model is not None else previous["checkpoint"]
+    manifest = _manifest(opts, info, the_plan, entries, components, time.time() - started)
+    manifest["created"] = created
+    e2e_runners = _e2e_runners(opts, manifest)
+    reused_e2e = cache.reuse_e2e(e2e_runners)
+    if not e2e_runners:
+        manifest["end_to_end"] = []          # nothing built for a runner the end-to-end check drives
+    elif reused_e2e is not None:
+        manifest["end_to_end"] = reused_e2e
+        if reused_e2e:
+            progress.note("end-to-end parity: every graph unchanged, its rows reused from the cache")
+    else:
+        manifest["end_to_end"] = _end_to_end(opts, loaded(), manifest, e2e_runners, progress)
     manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
-    manifest["seeds"] = {**seeds, **getattr(model, "seeds", {})}
+    model_seeds = getattr(model, "seeds", {}) if model is not None else {
+        k: v for k, v in (previous.get("seeds") or {}).items() if k not in seeds}
+    manifest["seeds"] = {**seeds, **model_seeds}
     manifest["reproducibility"] = repro.declared(manifest)
+    manifest["cache"] = cache.summary(available or sorted(components), e2e_runners, reused_e2e is not None)
     manifest["timings"]["total_s"] = round(time.time() - started, 3)
     from .reports import write_reports
 
@@ -168,10 +239,10 @@ def _run(opts: RunOptions, store: Store, progress: Progress) -> Result:
     return Result(manifest, 3 if failed else 0, opts.out)
 
 
-def _end_to_end(opts: RunOptions, model, manifest: dict, progress: Progress) -> list[dict]:
-    """Whole-pipeline parity through the built graphs, when the recipe defines it."""
+def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:
+    """Runner kind -> precisions for end-to-end parity ({} when the recipe or user skips it)."""
     if not opts.recipe.end_to_end or opts.e2e == ():
-        return []
+        return {}
     kinds = opts.e2e or (("htp",) if opts.target.has_htp else ("ort",))
     fmt = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
     order = [p.value for p in Precision]
@@ -180,6 +251,13 @@ def _end_to_end(opts: RunOptions, model, manifest: dict, progress: Progress) -> 
         precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k]}, key=order.index)
         if precs:
             runners[k] = tuple(precs)
+    return runners
+
+
+def _end_to_end(opts: RunOptions, model, manifest: dict, runners: dict, progress: Progress) -> list[dict]:
+    """Whole-pipeline parity through the built graphs, when the recipe defines it."""
+    if not opts.recipe.end_to_end or opts.e2e == ():
+        return []
     try:
         return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
     except Exception as e:  # a failing runner is a rejected pipeline, recorded with its reason
@@ -440,14 +518,14 @@ def _link_attribution(entries: list[dict], attribution: dict) -> None:
 
 # ---------------------------------------------------------------------------------------- manifest
 
-def _manifest(opts, model, the_plan: Plan, entries, components, seconds: float) -> dict:
+def _manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, seconds: float) -> dict:
     t = opts.target
     return {
         "schema_version": mf.SCHEMA_VERSION,
         "tool": "omni-export",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": {"name": opts.recipe.name, "version": opts.recipe.version, "doc": opts.recipe.doc},
-        "checkpoint": model.info,
+        "checkpoint": checkpoint_info,
         "target": {"name": t.name, "device": t.device, "soc": t.soc, "soc_model": t.soc_model,
                    "htp_arch": t.htp_arch, "hub_device": t.hub_device, "rewrites": list(t.rewrites),
                    "placement": {c: t.place(c).unit for c in sorted({b.component for b in the_plan.builds})}},

@@ -51,7 +51,7 @@ def keep_for_hub(store, recipe: str, target, lowering, entries: list[dict]) -> d
     calib = lowering.traced.calibration
     if quantized and calib:
         names = lowering.traced.input_names
-        arrays = {f"input.{i}.{n}": s[n] for i, s in enumerate(calib) for n in names}
+        arrays = {f"input.{i}.{n}": (lambda s=s, n=n: s[n]) for i, s in enumerate(calib) for n in names}
         rec = store.put_bytes(f"{INPUTS_DIR}/{lowering.traced.name}.calibration.npz", npz_bytes(arrays))
         out["calibration_inputs"] = {**rec.to_json(), "samples": len(calib)}
     return out

@@ -109,9 +109,10 @@ class Lowering:
         out = staging / spec.filename
         p = spec.precision
         if spec.format == Format.ONNX:
-            src = self.onnx(p)
-            _copy_onnx(src, out)
-            return Built(_onnx_files(out), self._spec("ort-cpu", out, self._proxy()), self._details(p))
+            from .onnx import copy as copy_onnx
+
+            files = copy_onnx(self.onnx(p), out)
+            return Built(files, self._spec("ort-cpu", out, self._proxy()), self._details(p))
         if spec.format == Format.DLC:
             from .. import qnn_ep
 
@@ -177,13 +178,4 @@ def _file_digest(path: Path) -> str:
     return sha256_file(path)
 
 
-def _copy_onnx(src: Path, dst: Path) -> None:
-    shutil.copyfile(src, dst)
-    data = src.with_name(src.name + ".data")
-    if data.exists():
-        raise NotImplementedError("ONNX with external data: copy with renamed location")
 
-
-def _onnx_files(path: Path) -> list[Path]:
-    data = path.with_name(path.name + ".data")
-    return [path, data] if data.exists() else [path]

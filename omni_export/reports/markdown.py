@@ -29,7 +29,9 @@ def summary(m: dict, regated: dict | None = None) -> str:
         lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']} {s['precision']} ({s['reason']})"
                                                 for s in m["skipped"])]
     accepted = sum(r.accepted for r in rows)
-    lines += ["", f"**{accepted} accepted, {len(rows) - accepted} rejected** in {m['timings']['total_s']:.0f} s. "
+    reused = sum(bool((b.get("cache") or {}).get("hit")) for b in m.get("builds", []))
+    cached = f" ({reused} unchanged, reused from the build cache)" if reused else ""
+    lines += ["", f"**{accepted} accepted, {len(rows) - accepted} rejected**{cached} in {m['timings']['total_s']:.0f} s. "
                   "Plots, audio, per-block fidelity and provenance: `report.html`."]
     return "\n".join(lines) + "\n"
 

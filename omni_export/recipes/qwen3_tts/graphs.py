@@ -107,12 +107,27 @@ def _runner_options(m: dict, kind: str):
 
 
 class Capture:
-    """Records the inputs of every call, per graph: the real activations for calibration."""
+    """Records the inputs of every call, per graph: the real activations for calibration. Held
+    compactly and, past a byte budget per graph, thinned evenly (omni_export/captured.py)."""
 
     def __init__(self, inner: GraphSet):
+        from ...captured import CallRecorder
+
         self.inner = inner
-        self.calls: dict[str, list[dict]] = {}
+        self._recorders: dict[str, CallRecorder] = {}
+        self._new = CallRecorder
 
     def __call__(self, name: str, inputs: dict) -> dict:
-        self.calls.setdefault(name, []).append({k: np.array(v, copy=True) for k, v in inputs.items()})
+        rec = self._recorders.get(name)
+        if rec is None:
+            rec = self._recorders[name] = self._new()
+        rec.add(inputs)
         return self.inner(name, inputs)
+
+    @property
+    def calls(self) -> dict[str, list]:
+        return {name: rec.kept for name, rec in self._recorders.items()}
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """graph -> (calls made, calls kept)."""
+        return {name: (rec.seen, len(rec.kept)) for name, rec in self._recorders.items()}

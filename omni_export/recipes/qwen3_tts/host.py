@@ -131,8 +131,12 @@ class Talker:
             got = rows.shape[0]
             if self.pos + got > self.opts.context:
                 raise ContextFull()
-            x = np.zeros((1, block, embeds.shape[1]), np.float32)
+            # Rows past the prompt's end repeat its last row: they are causally after every real
+            # row and their outputs are dropped, but all-zero rows would put 0 / sqrt(eps) into
+            # every RMSNorm, which 16-bit quantized graphs on ORT CPU turn into garbage K/V.
+            x = np.empty((1, block, embeds.shape[1]), np.float32)
             x[0, :got] = rows
+            x[0, got:] = rows[-1]
             cos, sin = self._rope(np.arange(self.pos, self.pos + block))
             mask = np.full((1, 1, block, self.opts.context + block), MASK, np.float32)
             mask[..., :self.pos] = 0.0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...captured import RECORD_BUDGET_BYTES
 from ...core import Graph, Samples, UsageError, resolve_specs
 from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
@@ -145,7 +146,7 @@ class Qwen3TTS:
             return self._code2wav_user_samples()
         if self._samples is None:
             self._samples = self._capture()
-        inputs, source, _ = self._samples[kind].get(component, ([], "", []))
+        inputs, source = self._samples[kind].get(component, ([], ""))
         return Samples(inputs, source)
 
     # ---- real inputs from the fp32 pipeline
@@ -250,20 +251,25 @@ class Qwen3TTS:
                 gens.append(gen.codes)
             windows = [w.inputs() for codes in gens if len(codes)
                        for w in host.windows(codes, self.left, self.chunk, self.speech.config.samples_per_frame)]
-            cap.calls["code2wav"] = windows
+            calls, counts = cap.calls, cap.counts()
+            calls["code2wav"] = windows
+            counts["code2wav"] = (len(windows), len(windows))
             if which == "heldout":      # identical calls (e.g. the special-token rows) are not held out
-                for name, calls in cap.calls.items():
-                    seen = {hash_arrays([c]) for c in result["calibration"].get(name, ([], ""))[2]}
-                    cap.calls[name] = [c for c in calls if hash_arrays([c]) not in seen]
+                for name, kept in calls.items():
+                    seen = {hash_arrays([c]) for c in calibration_calls.get(name, [])}
+                    calls[name] = [c for c in kept if hash_arrays([c]) not in seen]
             src = ("greedy fp32 generations of the recipe's held-out prompts" if which == "heldout" else
                    "seeded fp32 generations of the recipe's calibration prompts")
             if which == "heldout":      # Code2Wav: the first chunk (no context) and a full-context one
-                full = [w for w in cap.calls["code2wav"] if w["frame_mask"].all()]
-                cap.calls["code2wav"] = cap.calls["code2wav"][:1] + full[-1:]
-            result[which] = {name: (_spread(calls, HELDOUT_PER_GRAPH.get(name, HELDOUT_DEFAULT) if which == "heldout"
+                full = [w for w in calls["code2wav"] if w["frame_mask"].all()]
+                calls["code2wav"] = calls["code2wav"][:1] + full[-1:]
+            result[which] = {name: (_spread(kept, HELDOUT_PER_GRAPH.get(name, HELDOUT_DEFAULT) if which == "heldout"
                                             else CALIBRATION_PER_GRAPH),
-                                    f"{src} ({len(calls)} calls captured)", calls)
-                             for name, calls in cap.calls.items()}
+                                    f"{src} ({_captured(*counts[name], len(kept))})")
+                             for name, kept in calls.items()}
+            if which == "calibration":
+                calibration_calls = calls      # every kept call: held-out calls must differ from all of them
+            del cap
             if which == "heldout":
                 self.heldout_codes = gens
         return result
@@ -274,6 +280,14 @@ class Qwen3TTS:
         seqs = load_code_sequences(Path(given), c.num_quantizers, c.codebook_size)
         wins = [w.inputs() for s in seqs for w in host.windows(s, self.left, self.chunk, c.samples_per_frame)]
         return Samples(_spread(wins, CALIBRATION_PER_GRAPH), f"user codes: {given}")
+
+
+def _captured(made: int, recorded: int, usable: int) -> str:
+    """usable: recorded calls left after removing those equal to a calibration call."""
+    if made == recorded:
+        return f"{usable} calls captured"
+    return (f"{made} calls, {usable} of them kept evenly spread (captured inputs past "
+            f"{RECORD_BUDGET_BYTES >> 20} MB per graph are thinned)")
 
 
 def _spread(calls: list, limit: int) -> list:

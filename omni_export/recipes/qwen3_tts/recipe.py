@@ -101,15 +101,17 @@ RECIPE = Recipe(
     options=(
         RecipeOption("prefill-tokens", int, 32, "talker_prefill: tokens per prefill call (P)"),
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames"),
-        RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s"),
-        RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25)"),
+        RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
+                     affects=("code2wav",)),
+        RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25)",
+                     affects=("code2wav",)),
         RecipeOption("speaker-frames", int, 282, "speaker encoder: log-mel frames per graph call (F; 282 = 3 s)"),
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
-                     "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)"),
+                     "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=()),
         RecipeOption("calibration-codes", str, None,
                      "Code2Wav: .npy of real code sequences [frames, 16] (or a directory of them) to "
-                     "calibrate on instead of the codes the recipe generates from its prompt set"),
+                     "calibrate on instead of the codes the recipe generates from its prompt set", affects=("code2wav",)),
         RecipeOption("random-weights", bool, False,
                      "ignore --checkpoint; write a seeded checkpoint at the real shapes of --size (measuring only)"),
         RecipeOption("size", str, "0.6b", "with --random-weights: 0.6b or 1.7b"),

@@ -34,7 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps))
+        return self.weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps))
 
 
 def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

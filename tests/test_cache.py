@@ -1,0 +1,96 @@
+"""Build cache: an unchanged build is served from the cache with its recorded scores, a changed
+option rebuilds only the components it affects, a changed weight file rebuilds, --force rebuilds."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import jsonschema
+
+import pytest
+
+from conftest import read_manifest, run_cli
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "omni_export" / "schemas"
+BUILD = ["qwen3-tts", "--components", "code2wav,text_projection", "--formats", "onnx", "--precision", "fp16",
+         "--left-context", "2", "--chunk-frames", "2", "--no-attribution", "--json"]
+
+
+def hits(m: dict) -> dict[str, bool]:
+    return {b["component"]: b["cache"]["hit"] for b in m["builds"]}
+
+
+def shas(m: dict) -> dict[str, str]:
+    return {f["path"]: f["sha256"] for b in m["builds"] for f in b["files"]}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tiny_checkpoint):
+    dst = tmp_path_factory.mktemp("cache") / "ckpt"
+    shutil.copytree(tiny_checkpoint, dst)          # this test rewrites a weight file
+    return dst
+
+
+def test_unchanged_build_is_reused_and_changes_rebuild_what_they_affect(ckpt, tmp_path):
+    out = tmp_path / "out"
+    args = [*BUILD, "--checkpoint", str(ckpt), "--out", str(out)]
+    run_cli(*args, check=True)
+    first = read_manifest(out)
+    assert hits(first) == {"code2wav": False, "text_projection": False}
+    assert first["cache"]["built_components"] == ["code2wav", "text_projection"]
+
+    # nothing changed: every build reused, with its recorded scores and files
+    run_cli(*args, check=True)
+    second = read_manifest(out)
+    assert hits(second) == {"code2wav": True, "text_projection": True}
+    assert [b["parity"] for b in second["builds"]] == [b["parity"] for b in first["builds"]]
+    assert shas(second) == shas(first)
+    assert all(b["cache"]["built"] == first["created"] for b in second["builds"])
+    assert "reused from the build cache" in (out / "report.md").read_text()
+    assert run_cli("verify", str(out)).returncode == 0
+
+    # the same bytes rewritten (new mtime, new inode): the key is the content, still reused
+    st = next(ckpt.rglob("model.safetensors"))
+    data = st.read_bytes()
+    st.unlink()
+    st.write_bytes(data)
+    run_cli(*args, check=True)
+    assert hits(read_manifest(out)) == {"code2wav": True, "text_projection": True}
+
+    # an option of Code2Wav only: Code2Wav rebuilt, the text projection reused
+    run_cli(*args, "--chunk-frames", "3", check=True)          # the last value of a flag wins
+    third = read_manifest(out)
+    assert hits(third) == {"code2wav": False, "text_projection": True}
+    assert third["components"]["code2wav"]["inputs"][0]["shape"][-1] == 2 + 3
+
+    # from here the text projection alone (its key does not depend on which other components run)
+    one = [*args, "--components", "text_projection"]
+    run_cli(*one, check=True)
+    assert hits(read_manifest(out)) == {"text_projection": True}
+
+    # an artifact truncated behind the manifest's back is rebuilt, not served
+    victim = out / read_manifest(out)["builds"][0]["files"][0]["path"]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    run_cli(*one, check=True)
+    assert hits(read_manifest(out)) == {"text_projection": False}
+    jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
+    assert run_cli("verify", str(out)).returncode == 0
+
+    # --force rebuilds an unchanged build, and the next run reuses what it built
+    run_cli(*one, "--force", check=True)
+    forced = read_manifest(out)
+    assert hits(forced) == {"text_projection": False} and forced["cache"]["reuse"] == "off (--force)"
+    run_cli(*one, check=True)
+    assert hits(read_manifest(out)) == {"text_projection": True}
+
+    # one bit of a weight changed: rebuilt
+    header_len = int.from_bytes(data[:8], "little")
+    changed = bytearray(data)
+    changed[8 + header_len + 3] ^= 0x01
+    st.write_bytes(bytes(changed))
+    run_cli(*one, check=True)
+    assert hits(read_manifest(out)) == {"text_projection": False}
+    jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
