@@ -1,0 +1,93 @@
+"""MiniCPM-o 4.5 voice path, TTS head: the recipe page. Data only; the loader (model.py) is imported
+when a run starts.
+
+What this relies on (checked against OpenBMB's MiniCPM-o 4.5 modeling code: MiniCPMTTS in
+modeling_minicpmo / its tts module, MiniCPMTTSConfig, and the condition building in
+MiniCPMO.generate / streaming paths; corroborated by independent ports that load the official
+checkpoint):
+  config.json: model_type "minicpmo"; tts_config {llm_dim 4096, hidden_size 768, intermediate_size
+    3072, num_attention_heads 12, num_key_value_heads 12, num_hidden_layers 20, num_audio_tokens
+    6562 (the last is EOS), num_text_tokens 152064, num_vq 1, audio_bos_token_id 151687,
+    text_eos_token_id 151692, projector_type "mlp", normalize_projected_hidden true,
+    backbone_model "llama", condition_type "hidden_text_merge"}; RMS eps / RoPE theta are
+    LlamaConfig's defaults (1e-6, 10000).
+  tensors: tts.emb_text.weight [152064, 768]; tts.projector_semantic.linear{1,2}.{weight,bias}
+    (llm_dim -> 768 -> 768, ReLU between: MultiModalProjector); tts.model.layers.N.{self_attn.
+    {q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm}.weight,
+    tts.model.norm.weight (LlamaModel); tts.emb_code.0.weight [6562, 768];
+    tts.head_code.0.parametrizations.weight.original0 (g [6562, 1]) / original1 (v [6562, 768])
+    (torch weight_norm, dim 0: folded here to W = g v / ||v||).
+  condition: emb_text(ids) + normalize(projector_semantic(llm_hidden)) per LLM token, then
+    emb_text(text_eos), emb_text(audio_bos); positions 0..L-1; the last logits give code 0; each
+    step feeds emb_code[0](previous code).
+
+Where gathers run: emb_text (152064 x 768, 233 MB in fp16) stays on the host; only the gathered rows
+enter `tts_condition`. emb_code (6562 x 768) is gathered on the host too (one row per step).
+
+Shape symbols: H TTS hidden, Hl LLM hidden, L layers, KV heads, HD head dim, V codes (6562), P tokens
+per prefill / condition call, C KV cache slots.
+
+Not built yet: token2wav (flow encoder, DiT steps, HiFT); see the branch's report.
+"""
+from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
+
+F32 = "float32"
+_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
+
+
+def _kv(prefix: str, slots, doc: str) -> tuple[T, T]:
+    return (T(f"{prefix}_key_{{i}}", (1, "KV", slots, "HD"), F32, doc, repeat="L"),
+            T(f"{prefix}_value_{{i}}", (1, "KV", slots, "HD"), F32, doc, repeat="L"))
+
+
+def _step(name: str, p, doc: str) -> Component:
+    return Component(
+        name=name, doc=doc,
+        inputs=(T("inputs_embeds", (1, p, "H"), F32, "condition rows (prefill) or emb_code row of the last code"),
+                T("cos", (1, p, "HD"), F32, "RoPE cos for these positions (host)"),
+                T("sin", (1, p, "HD"), F32, "RoPE sin"),
+                T("attn_mask", (1, 1, p, f"C+{p}"), F32, "additive mask over [cache slots, new tokens]"),
+                *_kv("past", "C", "cache slot per position; slots >= position are masked")),
+        outputs=(T("logits", (1, p, "V"), F32, "code logits (weight-normed head, folded)"),
+                 *_kv("new", p, "the new tokens' K/V only; the host writes them to the cache")),
+        gates_db=_GATES, logits=("logits",), requires=("tts",))
+
+
+COMPONENTS = (
+    Component(
+        name="tts_condition",
+        doc="LLM hidden + gathered emb_text rows -> TTS condition (MLP projector, L2-normalised)",
+        inputs=(T("llm_hidden", (1, "P", "Hl"), F32, "the LLM's last hidden states for P spoken tokens"),
+                T("text_embeds", (1, "P", "H"), F32, "tts.emb_text rows of the same tokens (host gather)")),
+        outputs=(T("condition", (1, "P", "H"), F32),),
+        gates_db=_GATES, requires=("tts",)),
+    _step("tts_prefill", "P", "TTS Llama backbone + code head over P condition rows, C-slot KV cache"),
+    _step("tts_decode", 1, "TTS Llama backbone + code head, one code per 40 ms (25 Hz), C-slot KV cache"),
+)
+
+RECIPE = Recipe(
+    name="minicpm-o",
+    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode with the code head)",
+    components=COMPONENTS,
+    loader="omni_export.recipes.minicpm_o.model:load",
+    tiny="omni_export.recipes.minicpm_o.checkpoint:write_checkpoint",
+    end_to_end="omni_export.recipes.minicpm_o.e2e:run",
+    synth="omni_export.recipes.minicpm_o.synth",
+    options=(
+        RecipeOption("prefill-tokens", int, 32, "tts_condition / tts_prefill: tokens per call (P)"),
+        RecipeOption("context-length", int, 1024, "TTS backbone: KV cache slots (C): condition + codes"),
+        RecipeOption("e2e-codes", int, 24,
+                     "end-to-end parity: codes generated per held-out utterance through the built graphs "
+                     "(0 skips end-to-end parity)"),
+        RecipeOption("calibration-hidden", str, None,
+                     "real LLM hidden states to calibrate on: a directory of NAME.npy [tokens, llm_dim] "
+                     "float arrays, each with NAME.ids.npy [tokens] (the spoken token ids); default: "
+                     "seeded synthetic hidden states"),
+        RecipeOption("random-weights", bool, False,
+                     "ignore --checkpoint; write a seeded checkpoint at MiniCPM-o 4.5's TTS shapes (measuring only)"),
+    ),
+    version="1",
+    realtime=RealTime(
+        unit="code", unit_ms=40.0, calls=(("tts_decode", "1"),),
+        doc="per 40 ms of speech (one 25 Hz code): one tts_decode step", call_names={"tts_decode": "step"}),
+)
