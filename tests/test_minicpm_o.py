@@ -18,8 +18,8 @@ from omni_export.recipes.minicpm_o import model as M
 from omni_export.weights import write_safetensors
 
 # Tiny geometry: the longest synthetic utterance (37 tokens + text_eos + audio_bos) and 24 codes fit.
-GEOM = ["--context-length", "64", "--prefill-tokens", "16"]
-OPTS = {"context-length": 64, "prefill-tokens": 16}
+GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "32"]
+OPTS = {"context-length": 64, "prefill-tokens": 16, "mel-frames": 32}
 GOLDEN_MC = GOLDEN / "minicpm_o"
 
 
@@ -145,6 +145,34 @@ def _keep(seen: list, name: str, out: dict) -> dict:
     return out
 
 
+def test_dit_step_and_the_host_solver_match_upstreams_dit_golden(tiny, tmp_path):
+    """Goldens (tools/golden/make_minicpm_o_dit_goldens.py): Step-Audio2's own DiT class on the tiny flow,
+    CFG pair in the batch, 10 Euler steps as CausalConditionalCFM.solve_euler; padded tail masked."""
+    from omni_export.recipes.minicpm_o import token2wav as t2w
+    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+
+    m = M.load(tiny, OPTS, tmp_path)
+    g = {k: np.load(GOLDEN_MC / f"dit_{k}.npy") for k in ("noise", "mu", "cond", "spks", "mask", "velocity0", "mel")}
+    eager = EagerGraphs(m)
+    v0 = eager("dit_step", {"x": g["noise"], "mu": g["mu"], "spks": g["spks"], "cond": g["cond"], "mask": g["mask"],
+                            "t_freq": t2w.time_features(0.0)})["velocity"]
+    assert _snr(g["velocity0"], v0) > 100
+    mel = m.flow(eager, {k: g[k] for k in ("noise", "mu", "cond", "spks", "mask")})
+    assert _snr(g["mel"], mel) > 100
+
+
+def test_token2wav_pickle_is_refused_and_a_missing_flow_drops_dit_step(tmp_path, tiny):
+    d = _copy(tiny, tmp_path)
+    flow = d / "assets" / "token2wav" / "flow.safetensors"
+    flow.rename(flow.with_name("flow.pt"))
+    with pytest.raises(UsageError, match=r"flow.pt is a pickle \(torch.save\); omni-export never unpickles"):
+        M.load(d, OPTS, tmp_path)
+    (d / "assets" / "token2wav" / "flow.pt").unlink()
+    assert M.load(d, OPTS, tmp_path).components() == ("tts_condition", "tts_prefill", "tts_decode")
+    with pytest.raises(UsageError, match="no flow.safetensors"):
+        M.load(d, {**OPTS, "token2wav": str(d / "assets" / "token2wav")}, tmp_path)
+
+
 def _snr(ref: np.ndarray, out: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((ref - out).astype(np.float64) ** 2)))
 
@@ -164,7 +192,7 @@ def test_cli_builds_every_graph_in_every_format_at_fp16(fp16_build):
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_manifest(out)
     b = builds_by(m)
-    comps = ("tts_condition", "tts_prefill", "tts_decode")
+    comps = ("tts_condition", "tts_prefill", "tts_decode", "dit_step")
     assert set(b) == {(c, f, "fp16") for c in comps for f in ("onnx", "dlc", "ctx", "pte")}
     for c in comps:
         for f in ("dlc", "ctx"):

@@ -267,6 +267,9 @@ def write_checkpoint(directory: Path, *, cfg: TTSConfig = TINY, seed: int = 0, l
               "tts_config": {**tts, "model_type": "minicpmtts"},
               DEMO_MARKER: {"seed": seed, "label": label}}
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+    from . import token2wav as t2w
+
+    t2w.write_flow(directory / "assets" / "token2wav", t2w.TINY_DIT if cfg == TINY else t2w.REAL_DIT, seed + 1)
     tensors = seeded_tensors(tts_tensors(cfg), seed)
     if shards <= 1:
         write_safetensors(directory / "model.safetensors", tensors)

@@ -54,14 +54,18 @@ class MiniCPMO:
             s["demo_checkpoint"] = self.demo_seed
         return s
 
+    dit: object = None                 # (DiTConfig, tensors) when the token2wav flow is present
+    dit_path: Path | None = None
+
     def sizes(self) -> dict:
         c = self.cfg
-        return {"H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
+        return {"Mel": self.dit[0].mels if self.dit else 80, "M": int(self.options["mel-frames"]), "H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
                 "HD": c.head_dim, "V": c.num_audio_tokens, "P": int(self.options["prefill-tokens"]),
                 "C": int(self.options["context-length"])}
 
     def components(self) -> tuple[str, ...]:
-        return tuple(c.name for c in RECIPE.components)
+        """The TTS head always; dit_step when the token2wav flow is present."""
+        return tuple(c.name for c in RECIPE.components if c.name != "dit_step" or self.dit is not None)
 
     @cached_property
     def tables(self) -> host.Tables:
@@ -92,6 +96,12 @@ class MiniCPMO:
 
         if component == "tts_condition":
             return m.Condition(self.cfg, self.tensors)
+        if component == "dit_step":
+            if self.dit is None:
+                raise UsageError("this checkpoint has no token2wav flow: pass --token2wav DIR (with flow.safetensors)")
+            from .dit import dit_step
+
+            return dit_step(*self.dit)
         return m.tts_step(self.cfg, self.tensors, self._backbone)
 
     def samples(self, component: str, kind: str) -> Samples:
@@ -117,6 +127,11 @@ class MiniCPMO:
     def teacher_forced(self, graphs, utt: Utterance, ref: np.ndarray, opts: host.GenOptions):
         cos, sin = self.rope
         return host.teacher_forced(graphs, self.cfg, self.tables, self.condition(graphs, utt), ref, opts, cos, sin)
+
+    def flow(self, graphs, inputs: dict) -> np.ndarray:
+        from .token2wav import solve
+
+        return solve(graphs, steps=int(self.options["flow-steps"]), **inputs)
 
     def utterances(self, which: str) -> list[Utterance]:
         if which == "calibration" and self.options.get("calibration-hidden"):
@@ -151,6 +166,10 @@ class MiniCPMO:
                                         max_codes=HELDOUT_CODES if held else CALIBRATION_CODES,
                                         min_new_tokens=HELDOUT_CODES if held else CALIBRATION_CODES)
                 self.synthesize(cap, utt, opts)
+            if self.dit is not None:
+                for i in range(1 if held else 2):
+                    self.flow(cap, synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]),
+                                                         (HELDOUT_SEED if held else CALIBRATION_SEED) + 50 + i, pad=held))
             if held:            # identical calls are not held out
                 for name, calls in cap.calls.items():
                     seen = {hash_arrays([c]) for c in result["calibration"].get(name, ([], ""))[0]}
@@ -172,6 +191,30 @@ def _spread(calls: list, limit: int) -> list:
         return [c for c in calls]
     idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
     return [calls[i] for i in idx]
+
+
+def synthetic_flow_inputs(mels: int, frames: int, seed: int, pad: bool = False) -> dict:
+    """Seeded stand-ins for the flow encoder's output and a prompt: smooth mel-like mu (log-mel scale,
+    slow in time), a prompt mel over the first quarter, a speaker vector, noise; `pad` leaves the last
+    eighth of the window as padding."""
+    rng = np.random.default_rng(seed)
+
+    def smooth(a: np.ndarray) -> np.ndarray:           # a few passes of a 3-tap average along time
+        for _ in range(4):
+            a = (np.roll(a, 1, -1) + a + np.roll(a, -1, -1)) / 3.0
+        return a
+
+    base = np.linspace(-2.0, -8.0, mels)[:, None]
+    mu = (base + 1.5 * smooth(rng.standard_normal((mels, frames))))[None].astype(np.float32)
+    cond = np.zeros_like(mu)
+    n = frames // 4
+    cond[..., :n] = base + 1.5 * smooth(rng.standard_normal((mels, n)))
+    mask = np.ones((1, 1, frames), np.float32)
+    if pad:
+        mask[..., frames - frames // 8:] = 0.0
+        mu[..., frames - frames // 8:] = 0.0
+    return {"noise": rng.standard_normal((1, mels, frames)).astype(np.float32), "mu": mu,
+            "spks": (0.3 * rng.standard_normal((1, mels))).astype(np.float32), "cond": cond, "mask": mask}
 
 
 def synthetic_utterance(cfg: ck.TTSConfig, seed: int, tokens: int) -> Utterance:
@@ -230,6 +273,25 @@ def _npy(f: Path, flag: str) -> np.ndarray:
     return a
 
 
+def _load_token2wav(model: MiniCPMO, checkpoint: Path, options: dict) -> None:
+    from . import token2wav as t2w
+
+    given = options.get("token2wav")
+    directory = Path(given) if given else checkpoint / "assets" / "token2wav"
+    if given and not directory.is_dir():
+        raise UsageError(f"--token2wav {directory} is not a directory; pass the token2wav directory holding "
+                         f"flow.safetensors")
+    path = t2w.flow_path(directory) if directory.is_dir() else None
+    if path is None:
+        if given:
+            raise UsageError(f"--token2wav {directory}: no flow.safetensors (convert flow.pt; pickles are never read)")
+        return
+    m, steps = options.get("mel-frames"), options.get("flow-steps")
+    if not (type(m) is int and m >= 8 and type(steps) is int and 1 <= steps <= 100):
+        raise UsageError(f"--mel-frames must be >= 8 and --flow-steps in [1, 100] (got {m}, {steps})")
+    model.dit, model.dit_path = t2w.load_dit(path), path
+
+
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
     """Open a checkpoint (or write the tiny demo one under `scratch`). Options not given take defaults."""
     options = {**{o.name: o.default for o in RECIPE.options}, **options}
@@ -250,8 +312,11 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
     label = ck.demo_label(checkpoint)
     model = MiniCPMO(checkpoint, dict(options), cfg, ck.load_tts_tensors(checkpoint, cfg),
                      demo_seed=ck.demo_seed(checkpoint) if label else None)
+    _load_token2wav(model, checkpoint, options)
     model.info = {"path": str(checkpoint.resolve()), "label": label or "user checkpoint", "demo": bool(label),
-                  "weights": weight_files(checkpoint), "config": {"tts_config": cfg.to_json()},
+                  "weights": weight_files(checkpoint), "config": {"tts_config": cfg.to_json(),
+                  "dit": model.dit[0].to_json() if model.dit else None,
+                  "token2wav": str(model.dit_path) if model.dit_path else None},
                   "options": {k: v for k, v in model.sizes().items() if k in ("P", "C")}}
     if options.get("calibration-hidden"):      # a bad file fails now, not after the other graphs
         load_utterances(Path(options["calibration-hidden"]), cfg)

@@ -25,9 +25,10 @@ Where gathers run: emb_text (152064 x 768, 233 MB in fp16) stays on the host; on
 enter `tts_condition`. emb_code (6562 x 768) is gathered on the host too (one row per step).
 
 Shape symbols: H TTS hidden, Hl LLM hidden, L layers, KV heads, HD head dim, V codes (6562), P tokens
-per prefill / condition call, C KV cache slots.
+per prefill / condition call, C KV cache slots; Mel mel bins (80), M mel frames per DiT call.
 
-Not built yet: token2wav (flow encoder, DiT steps, HiFT); see the branch's report.
+token2wav (token2wav.py, dit.py): the DiT estimator step is built; the flow encoder (upsampling
+conformer) and the HiFT vocoder are not built yet.
 """
 from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
 
@@ -63,11 +64,22 @@ COMPONENTS = (
         gates_db=_GATES, requires=("tts",)),
     _step("tts_prefill", "P", "TTS Llama backbone + code head over P condition rows, C-slot KV cache"),
     _step("tts_decode", 1, "TTS Llama backbone + code head, one code per 40 ms (25 Hz), C-slot KV cache"),
+    Component(
+        name="dit_step",
+        doc="token2wav flow matching: one DiT estimator call on the CFG pair over M mel frames (host: Euler loop, CFG mix)",
+        inputs=(T("x", (1, "Mel", "M"), F32, "current sample (step 0: the noise, drawn by the host)"),
+                T("mu", (1, "Mel", "M"), F32, "flow encoder output"),
+                T("spks", (1, "Mel"), F32, "projected speaker embedding"),
+                T("cond", (1, "Mel", "M"), F32, "prompt mel, zeros after the prompt"),
+                T("mask", (1, 1, "M"), F32, "1 for real frames, 0 for padding"),
+                T("t_freq", (1, 256), F32, "sinusoidal features of 1000 t (host, float64)")),
+        outputs=(T("velocity", (2, "Mel", "M"), F32, "row 0 conditional, row 1 unconditional"),),
+        gates_db=_GATES, requires=("token2wav",)),
 )
 
 RECIPE = Recipe(
     name="minicpm-o",
-    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode with the code head)",
+    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode) and token2wav's DiT step",
     components=COMPONENTS,
     loader="omni_export.recipes.minicpm_o.model:load",
     tiny="omni_export.recipes.minicpm_o.checkpoint:write_checkpoint",
@@ -83,6 +95,11 @@ RECIPE = Recipe(
                      "real LLM hidden states to calibrate on: a directory of NAME.npy [tokens, llm_dim] "
                      "float arrays, each with NAME.ids.npy [tokens] (the spoken token ids); default: "
                      "seeded synthetic hidden states"),
+        RecipeOption("mel-frames", int, 200, "dit_step: mel frames per call (M; 50 Hz, so 200 = 4 s)"),
+        RecipeOption("flow-steps", int, 10, "token2wav: Euler steps of the flow-matching solver (upstream: 10)"),
+        RecipeOption("token2wav", str, None,
+                     "token2wav directory holding flow.safetensors (flow.pt converted; pickles are never read); "
+                     "default: CHECKPOINT/assets/token2wav"),
         RecipeOption("random-weights", bool, False,
                      "ignore --checkpoint; write a seeded checkpoint at MiniCPM-o 4.5's TTS shapes (measuring only)"),
     ),
