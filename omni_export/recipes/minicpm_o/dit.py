@@ -92,8 +92,7 @@ class Inputs(Block):
                                torch.cat([x, zeros, zeros, zeros], dim=1)], dim=0)       # [2, 320, M]
         h = self.in_proj(cond_pair.transpose(1, 2))                                        # [2, M, H]
         temb = self.t2(F.silu(self.t1(t_freq)))[:, None].expand(2, -1, -1)               # [2, 1, H]
-        bias = ((1.0 - mask) * MASKED)[:, None]                                            # [1, 1, 1, M]
-        return h, temb, bias
+        return h, temb
 
 
 class Blocks(Block):
@@ -102,7 +101,8 @@ class Blocks(Block):
         self.blocks = nn.ModuleList(blocks)
         self.first = first
 
-    def forward(self, h, temb, bias):
+    def forward(self, h, temb, mask):
+        bias = ((1.0 - mask) * MASKED)[:, None]                                            # [1, 1, 1, M]
         for b in self.blocks:
             h = b(h, temb, bias)
         return h
@@ -121,11 +121,11 @@ class Final(Block):
 def dit_step(c: DiTConfig, t: dict, group: int = 4) -> BlockChain:
     """A BlockChain: inputs, the blocks in groups of `group` (attribution per group), final layer."""
     ins = ["x", "mu", "spks", "cond", "mask", "t_freq"]
-    chain = [("inputs", Inputs(c, t).named(ins, ["h0", "temb", "bias"]))]
+    chain = [("inputs", Inputs(c, t).named(ins, ["h0", "temb"]))]
     blocks = [DiTBlock(c, t, n) for n in range(c.depth)]
     for g in range(0, c.depth, group):
         name = f"blocks_{g}_{min(g + group, c.depth) - 1}"
         out = f"h{g + group}" if g + group < c.depth else "h_last"
-        chain.append((name, Blocks(blocks[g:g + group], g).named([f"h{g}", "temb", "bias"], [out])))
+        chain.append((name, Blocks(blocks[g:g + group], g).named([f"h{g}", "temb", "mask"], [out])))
     chain.append(("final_layer", Final(t).named(["h_last", "temb"], ["velocity"])))
     return BlockChain(ins, ["velocity"], chain)

@@ -133,6 +133,10 @@ class MiniCPMO:
 
         return solve(graphs, steps=int(self.options["flow-steps"]), **inputs)
 
+    def heldout_flow_inputs(self) -> list[dict]:
+        """The held-out flow-matching inputs (the same seeds the held-out dit_step samples came from)."""
+        return [synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), HELDOUT_SEED + 50, pad=True)]
+
     def utterances(self, which: str) -> list[Utterance]:
         if which == "calibration" and self.options.get("calibration-hidden"):
             return load_utterances(Path(self.options["calibration-hidden"]), self.cfg)
@@ -167,9 +171,11 @@ class MiniCPMO:
                                         min_new_tokens=HELDOUT_CODES if held else CALIBRATION_CODES)
                 self.synthesize(cap, utt, opts)
             if self.dit is not None:
-                for i in range(1 if held else 2):
-                    self.flow(cap, synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]),
-                                                         (HELDOUT_SEED if held else CALIBRATION_SEED) + 50 + i, pad=held))
+                flows = self.heldout_flow_inputs() if held else [
+                    synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), CALIBRATION_SEED + 50 + i)
+                    for i in range(2)]
+                for f in flows:
+                    self.flow(cap, f)
             if held:            # identical calls are not held out
                 for name, calls in cap.calls.items():
                     seen = {hash_arrays([c]) for c in result["calibration"].get(name, ([], ""))[0]}

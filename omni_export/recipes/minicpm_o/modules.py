@@ -12,9 +12,12 @@
 
 The backbone is HF's LlamaModel (no attention bias, RMSNorm, SwiGLU, 1-D NeoX RoPE, theta 10000);
 the code head is head_code[0] with its weight norm folded into one Linear at load. Prefill and
-decode graphs are `BlockChain`s of two blocks, backbone and code_head, so a lost dB is attributed.
+decode graphs are `BlockChain`s of one block per layer, the final norm and the code head, so a lost dB
+is attributed to one of them.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -83,20 +86,33 @@ class Layer(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h)), k, v
 
 
-class Backbone(Block):
-    """tts.model: layers + final norm -> post-norm hidden and the new tokens' K/V (interleaved)."""
+class LayerBlock(Block):
+    """One decoder layer as an attribution block: (x, cos, sin, mask, past K, past V) -> (x, new K, new V)."""
+
+    def __init__(self, layer: Layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, cos, sin, mask, past_k, past_v):
+        return self.layer(x, cos, sin, mask, past_k, past_v)
+
+
+class FinalNorm(Block):
+    def __init__(self, c: TTSConfig, t: dict):
+        super().__init__()
+        self.norm = RMSNorm(t["tts.model.norm.weight"], c.rms_norm_eps)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class Backbone(nn.Module):
+    """tts.model's layers and final norm (weights shared by the prefill and decode graphs)."""
 
     def __init__(self, c: TTSConfig, t: dict):
         super().__init__()
-        self.layers = nn.ModuleList(Layer(c, t, n) for n in range(c.num_hidden_layers))
-        self.norm = RMSNorm(t["tts.model.norm.weight"], c.rms_norm_eps)
-
-    def forward(self, x, cos, sin, mask, *past):
-        new = []
-        for n, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, mask, past[2 * n], past[2 * n + 1])
-            new += [k, v]
-        return (self.norm(x), *new)
+        self.layers = nn.ModuleList(LayerBlock(Layer(c, t, n)) for n in range(c.num_hidden_layers))
+        self.norm = FinalNorm(c, t)
 
 
 class CodeHead(Block):
@@ -111,12 +127,22 @@ class CodeHead(Block):
 
 
 def tts_step(c: TTSConfig, t: dict, backbone: Backbone | None = None) -> BlockChain:
-    """tts_prefill / tts_decode (one graph class, two static shapes). Pass `backbone` to share weights."""
-    kv = [f"{w}_{n}" for n in range(c.num_hidden_layers) for w in ("past_key", "past_value")]
-    new = [f"{w}_{n}" for n in range(c.num_hidden_layers) for w in ("new_key", "new_value")]
+    """tts_prefill / tts_decode (one graph class, two static shapes): a BlockChain of the layers, the final
+    norm and the code head, so a lost dB is attributed to one of them. Pass `backbone` to share weights."""
+    bb = backbone or Backbone(c, t)
+    n = c.num_hidden_layers
+    kv = [f"{w}_{i}" for i in range(n) for w in ("past_key", "past_value")]
+    new = [f"{w}_{i}" for i in range(n) for w in ("new_key", "new_value")]
     ins = ["inputs_embeds", "cos", "sin", "attn_mask", *kv]
-    bb = (backbone or Backbone(c, t)).named(ins, ["hidden", *new])
-    return BlockChain(ins, ["logits", *new], [("backbone", bb), ("code_head", CodeHead(t).named(["hidden"], ["logits"]))])
+    chain = []
+    for i, layer in enumerate(bb.layers):
+        x_in = "inputs_embeds" if i == 0 else f"x{i}"
+        layer = copy.copy(layer)            # a shallow copy per graph: block names differ, weights are shared
+        chain.append((f"layer_{i}", layer.named([x_in, "cos", "sin", "attn_mask", f"past_key_{i}", f"past_value_{i}"],
+                                                [f"x{i + 1}", f"new_key_{i}", f"new_value_{i}"])))
+    chain.append(("norm", copy.copy(bb.norm).named([f"x{n}"], ["hidden"])))
+    chain.append(("code_head", CodeHead(t).named(["hidden"], ["logits"])))
+    return BlockChain(ins, ["logits", *new], chain)
 
 
 class Condition(nn.Module):
