@@ -181,28 +181,45 @@ def _snr(ref: np.ndarray, out: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def fp16_build(tmp_path_factory, tiny):
+    """fp16 in ONNX (for synth on ORT) and context binaries (HTP simulator, end-to-end parity)."""
     out = tmp_path_factory.mktemp("mc_fp16") / "out"
     proc = run_cli("minicpm-o", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out),
-                   "--precision", "fp16", "--no-attribution", "-q", *GEOM)
+                   "--precision", "fp16", "--formats", "onnx,ctx", "--no-attribution", "-q", *GEOM)
     return proc, out
 
 
-def test_cli_builds_every_graph_in_every_format_at_fp16(fp16_build):
+COMPONENTS = ("tts_condition", "tts_prefill", "tts_decode", "dit_step")
+
+
+def test_cli_builds_every_graph_at_fp16_within_the_gate_on_the_htp_simulator(fp16_build):
     proc, out = fp16_build
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_manifest(out)
     b = builds_by(m)
-    comps = ("tts_condition", "tts_prefill", "tts_decode", "dit_step")
-    assert set(b) == {(c, f, "fp16") for c in comps for f in ("onnx", "dlc", "ctx", "pte")}
-    for c in comps:
-        for f in ("dlc", "ctx"):
-            assert b[(c, f, "fp16")]["parity"]["runner"]["kind"] == "qnn-htp"
-        for f in ("onnx", "dlc", "ctx", "pte"):
+    assert set(b) == {(c, f, "fp16") for c in COMPONENTS for f in ("onnx", "ctx")}
+    for c in COMPONENTS:
+        assert b[(c, "ctx", "fp16")]["parity"]["runner"]["kind"] == "qnn-htp"
+        for f in ("onnx", "ctx"):
             build = b[(c, f, "fp16")]
             assert build["status"] == "accepted" and min(o["snr_db"] for o in build["parity"]["outputs"]) >= 40
     e2e = {r["runner"]: r for r in m["end_to_end"]}
     assert e2e["htp"]["verdict"] == "accepted" and e2e["htp"]["code_agreement"] >= 0.99
-    assert "tts_decode" in (out / "report.md").read_text()
+    assert e2e["htp"]["mel_snr_db"] >= 40
+    assert "dit_step" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_acceptance_command_builds_every_graph_in_every_format_at_fp16_and_w8a16(tmp_path, tiny):
+    out = tmp_path / "out"
+    proc = run_cli("minicpm-o", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-q",
+                   "--no-attribution", "--e2e-codes", "0", *GEOM)
+    b = builds_by(read_manifest(out))
+    assert set(b) == {(c, f, p) for c in COMPONENTS for f in ("onnx", "dlc", "ctx", "pte") for p in ("fp16", "w8a16")}
+    for (c, f, p), build in b.items():
+        assert build["files"] and build["parity"]["outputs"], (c, f, p, build.get("error"))
+        if p == "fp16":
+            assert build["status"] == "accepted", (c, f, build["parity"]["reason"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_synth_through_the_built_graphs_gives_the_eager_codes(fp16_build, tmp_path):
