@@ -97,6 +97,20 @@ def test_bad_calibration_hidden_states_fail_at_load(tmp_path, tiny):
         M.load(tiny, {**OPTS, "calibration-hidden": str(d)}, tmp_path)
 
 
+def test_calibration_from_the_users_hidden_states(tmp_path, tiny):
+    d = tmp_path / "cal"
+    d.mkdir()
+    rng = np.random.default_rng(3)
+    for name, n in (("a", 9), ("b", 14)):
+        np.save(d / f"{name}.npy", rng.standard_normal((n, 96)).astype(np.float32))
+        np.save(d / f"{name}.ids.npy", rng.integers(0, 151643, n))
+    m = M.load(tiny, {**OPTS, "calibration-hidden": str(d)}, tmp_path)
+    cal = m.samples("tts_condition", "calibration")
+    assert "the user's LLM hidden states" in cal.source and len(cal.inputs) == 2
+    assert np.array_equal(cal.inputs[0]["llm_hidden"][0, :9], np.load(d / "a.npy"))
+    assert "synthetic" in m.samples("tts_condition", "heldout").source
+
+
 # --------------------------------------------------------------------------------- graph fidelity
 
 def test_code_head_fold_equals_torch_weight_norm_and_normalize_survives_fp16(tiny, tmp_path):
