@@ -18,8 +18,8 @@ from omni_export.recipes.minicpm_o import model as M
 from omni_export.weights import write_safetensors
 
 # Tiny geometry: the longest synthetic utterance (37 tokens + text_eos + audio_bos) and 24 codes fit.
-GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "32"]
-OPTS = {"context-length": 64, "prefill-tokens": 16, "mel-frames": 32}
+GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "32", "--flow-tokens", "32"]
+OPTS = {"context-length": 64, "prefill-tokens": 16, "mel-frames": 32, "flow-tokens": 32}
 GOLDEN_MC = GOLDEN / "minicpm_o"
 
 
@@ -175,6 +175,18 @@ def test_dit_step_and_the_host_solver_match_upstreams_dit_golden(tiny, tmp_path)
     assert _snr(g["mel"], mel) > 100
 
 
+def test_flow_encoder_window_matches_upstreams_encoder_golden(tiny, tmp_path):
+    """Goldens (tools/golden/make_minicpm_o_flow_goldens.py): Step-Audio2's UpsampleConformerEncoderV2 with
+    the flow's input_embedding and encoder_proj on one unpadded 20-token utterance; ours encodes it in a
+    32-token window (12 padded) and in a window of exactly 20."""
+    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+
+    ref, tokens = np.load(GOLDEN_MC / "flow_mu.npy"), np.load(GOLDEN_MC / "flow_tokens.npy")
+    for n in (32, 20):
+        m = M.load(tiny, {**OPTS, "flow-tokens": n}, tmp_path)
+        assert _snr(ref, m.encode(EagerGraphs(m), tokens)) > 100
+
+
 def test_token2wav_pickle_is_refused_and_a_missing_flow_drops_dit_step(tmp_path, tiny):
     d = _copy(tiny, tmp_path)
     flow = d / "assets" / "token2wav" / "flow.safetensors"
@@ -183,12 +195,14 @@ def test_token2wav_pickle_is_refused_and_a_missing_flow_drops_dit_step(tmp_path,
         M.load(d, OPTS, tmp_path)
     (d / "assets" / "token2wav" / "flow.pt").unlink()
     assert M.load(d, OPTS, tmp_path).components() == ("tts_condition", "tts_prefill", "tts_decode")
+    assert "flow_encoder_chunk" in M.load(tiny, OPTS, tmp_path).components()
     with pytest.raises(UsageError, match="no flow.safetensors"):
         M.load(d, {**OPTS, "token2wav": str(d / "assets" / "token2wav")}, tmp_path)
 
 
 def _snr(ref: np.ndarray, out: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((ref - out).astype(np.float64) ** 2)))
+    err = np.sum((ref - out).astype(np.float64) ** 2)
+    return float("inf") if err == 0 else float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err))
 
 
 # ------------------------------------------------------------------------------------ CLI builds
@@ -202,7 +216,7 @@ def fp16_build(tmp_path_factory, tiny):
     return proc, out
 
 
-COMPONENTS = ("tts_condition", "tts_prefill", "tts_decode", "dit_step")
+COMPONENTS = ("tts_condition", "tts_prefill", "tts_decode", "flow_encoder_chunk", "dit_step")
 
 
 def test_cli_builds_every_graph_at_fp16_within_the_gate_on_the_htp_simulator(fp16_build):

@@ -269,7 +269,11 @@ def write_checkpoint(directory: Path, *, cfg: TTSConfig = TINY, seed: int = 0, l
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     from . import token2wav as t2w
 
-    t2w.write_flow(directory / "assets" / "token2wav", t2w.TINY_DIT if cfg == TINY else t2w.REAL_DIT, seed + 1)
+    from .flow_encoder import REAL_ENCODER, TINY_ENCODER
+
+    tiny = cfg == TINY
+    t2w.write_flow(directory / "assets" / "token2wav", t2w.TINY_DIT if tiny else t2w.REAL_DIT, seed + 1,
+                   TINY_ENCODER if tiny else REAL_ENCODER)
     tensors = seeded_tensors(tts_tensors(cfg), seed)
     if shards <= 1:
         write_safetensors(directory / "model.safetensors", tensors)

@@ -56,16 +56,18 @@ class MiniCPMO:
 
     dit: object = None                 # (DiTConfig, tensors) when the token2wav flow is present
     dit_path: Path | None = None
+    encoder: object = None             # (EncoderConfig, tensors) when the flow has its encoder
 
     def sizes(self) -> dict:
         c = self.cfg
-        return {"Mel": self.dit[0].mels if self.dit else 80, "M": int(self.options["mel-frames"]), "H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
+        return {"Mel": self.dit[0].mels if self.dit else 80, "M": int(self.options["mel-frames"]), "N": int(self.options["flow-tokens"]), "H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
                 "HD": c.head_dim, "V": c.num_audio_tokens, "P": int(self.options["prefill-tokens"]),
                 "C": int(self.options["context-length"])}
 
     def components(self) -> tuple[str, ...]:
         """The TTS head always; dit_step when the token2wav flow is present."""
-        return tuple(c.name for c in RECIPE.components if c.name != "dit_step" or self.dit is not None)
+        have = {"dit_step": self.dit is not None, "flow_encoder_chunk": self.encoder is not None}
+        return tuple(c.name for c in RECIPE.components if have.get(c.name, True))
 
     @cached_property
     def tables(self) -> host.Tables:
@@ -96,6 +98,12 @@ class MiniCPMO:
 
         if component == "tts_condition":
             return m.Condition(self.cfg, self.tensors)
+        if component == "flow_encoder_chunk":
+            if self.encoder is None:
+                raise UsageError("this checkpoint's token2wav flow has no encoder tensors (encoder.*, input_embedding)")
+            from .flow_encoder import flow_encoder
+
+            return flow_encoder(*self.encoder, int(self.options["flow-tokens"]))
         if component == "dit_step":
             if self.dit is None:
                 raise UsageError("this checkpoint has no token2wav flow: pass --token2wav DIR (with flow.safetensors)")
@@ -133,6 +141,20 @@ class MiniCPMO:
 
         return solve(graphs, steps=int(self.options["flow-steps"]), **inputs)
 
+    def encode(self, graphs, codes: np.ndarray) -> np.ndarray:
+        """Speech codes -> mu [1, 80, 2 n] through flow_encoder_chunk in windows of N tokens. Each window
+        is encoded on its own (no context across windows): exact for utterances up to N tokens."""
+        n = int(self.options["flow-tokens"])
+        codes = np.asarray(codes, np.int64)
+        out = []
+        for s in range(0, max(len(codes), 1), n):
+            part = codes[s:s + n]
+            tokens = np.zeros((1, n), np.int32)
+            mask = np.zeros((1, n), np.float32)
+            tokens[0, :len(part)], mask[0, :len(part)] = part, 1.0
+            out.append(graphs("flow_encoder_chunk", {"tokens": tokens, "token_mask": mask})["mu"][..., :2 * len(part)])
+        return np.concatenate(out, axis=-1)
+
     def heldout_flow_inputs(self) -> list[dict]:
         """The held-out flow-matching inputs (the same seeds the held-out dit_step samples came from)."""
         return [synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), HELDOUT_SEED + 50, pad=True)]
@@ -169,7 +191,9 @@ class MiniCPMO:
                 opts = self.gen_options(greedy=held, seed=(HELDOUT_SEED if held else CALIBRATION_SEED) + i,
                                         max_codes=HELDOUT_CODES if held else CALIBRATION_CODES,
                                         min_new_tokens=HELDOUT_CODES if held else CALIBRATION_CODES)
-                self.synthesize(cap, utt, opts)
+                gen = self.synthesize(cap, utt, opts)
+                if self.encoder is not None and len(gen.codes):
+                    self.encode(cap, np.minimum(gen.codes, self.encoder[0].vocab - 1))
             if self.dit is not None:
                 flows = self.heldout_flow_inputs() if held else [
                     synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), CALIBRATION_SEED + 50 + i)
@@ -295,7 +319,11 @@ def _load_token2wav(model: MiniCPMO, checkpoint: Path, options: dict) -> None:
     m, steps = options.get("mel-frames"), options.get("flow-steps")
     if not (type(m) is int and m >= 8 and type(steps) is int and 1 <= steps <= 100):
         raise UsageError(f"--mel-frames must be >= 8 and --flow-steps in [1, 100] (got {m}, {steps})")
+    n = options.get("flow-tokens")
+    if not (type(n) is int and n >= 4):
+        raise UsageError(f"--flow-tokens must be >= 4 (the window holds 3 lookahead tokens), got {n}")
     model.dit, model.dit_path = t2w.load_dit(path), path
+    model.encoder = t2w.load_encoder(path)
 
 
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
@@ -322,6 +350,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
     model.info = {"path": str(checkpoint.resolve()), "label": label or "user checkpoint", "demo": bool(label),
                   "weights": weight_files(checkpoint), "config": {"tts_config": cfg.to_json(),
                   "dit": model.dit[0].to_json() if model.dit else None,
+                  "flow_encoder": model.encoder[0].to_json() if model.encoder else None,
                   "token2wav": str(model.dit_path) if model.dit_path else None},
                   "options": {k: v for k, v in model.sizes().items() if k in ("P", "C")}}
     if options.get("calibration-hidden"):      # a bad file fails now, not after the other graphs

@@ -25,10 +25,11 @@ Where gathers run: emb_text (152064 x 768, 233 MB in fp16) stays on the host; on
 enter `tts_condition`. emb_code (6562 x 768) is gathered on the host too (one row per step).
 
 Shape symbols: H TTS hidden, Hl LLM hidden, L layers, KV heads, HD head dim, V codes (6562), P tokens
-per prefill / condition call, C KV cache slots; Mel mel bins (80), M mel frames per DiT call.
+per prefill / condition call, C KV cache slots; Mel mel bins (80), M mel frames per DiT call, N speech
+tokens per flow-encoder window.
 
-token2wav (token2wav.py, dit.py): the DiT estimator step is built; the flow encoder (upsampling
-conformer) and the HiFT vocoder are not built yet.
+token2wav (token2wav.py, flow_encoder.py, dit.py): the flow encoder window and the DiT estimator step
+are built; the HiFT vocoder (mel -> waveform) is not built yet.
 """
 from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
 
@@ -65,6 +66,13 @@ COMPONENTS = (
     _step("tts_prefill", "P", "TTS Llama backbone + code head over P condition rows, C-slot KV cache"),
     _step("tts_decode", 1, "TTS Llama backbone + code head, one code per 40 ms (25 Hz), C-slot KV cache"),
     Component(
+        name="flow_encoder_chunk",
+        doc="token2wav flow encoder: N speech tokens (the last 3 lookahead) -> mu at 50 Hz (upsampling conformer)",
+        inputs=(T("tokens", (1, "N"), "int32", "speech codes from the TTS head (padding: any code, masked)"),
+                T("token_mask", (1, "N"), F32, "1 for real tokens, 0 for padding")),
+        outputs=(T("mu", (1, "Mel", "2*N"), F32, "the flow-matching condition, 2 mel frames per token"),),
+        gates_db=_GATES, requires=("token2wav",)),
+    Component(
         name="dit_step",
         doc="token2wav flow matching: one DiT estimator call on the CFG pair over M mel frames (host: Euler loop, CFG mix)",
         inputs=(T("x", (1, "Mel", "M"), F32, "current sample (step 0: the noise, drawn by the host)"),
@@ -79,7 +87,7 @@ COMPONENTS = (
 
 RECIPE = Recipe(
     name="minicpm-o",
-    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode) and token2wav's DiT step",
+    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode) and token2wav's flow encoder and DiT step",
     components=COMPONENTS,
     loader="omni_export.recipes.minicpm_o.model:load",
     tiny="omni_export.recipes.minicpm_o.checkpoint:write_checkpoint",
@@ -95,6 +103,7 @@ RECIPE = Recipe(
                      "real LLM hidden states to calibrate on: a directory of NAME.npy [tokens, llm_dim] "
                      "float arrays, each with NAME.ids.npy [tokens] (the spoken token ids); default: "
                      "seeded synthetic hidden states"),
+        RecipeOption("flow-tokens", int, 100, "flow_encoder_chunk: speech tokens per window (N; 25 Hz, 100 = 4 s)"),
         RecipeOption("mel-frames", int, 200, "dit_step: mel frames per call (M; 50 Hz, so 200 = 4 s)"),
         RecipeOption("flow-steps", int, 10, "token2wav: Euler steps of the flow-matching solver (upstream: 10)"),
         RecipeOption("token2wav", str, None,

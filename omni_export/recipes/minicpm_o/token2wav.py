@@ -141,11 +141,22 @@ def load_dit(path: Path) -> tuple[DiTConfig, dict]:
     return cfg, load_tensors(path, dit_tensors(cfg), prefix=PREFIX)
 
 
-def write_flow(directory: Path, cfg: DiTConfig = TINY_DIT, seed: int = 0) -> Path:
+def load_encoder(path: Path):
+    """(EncoderConfig, tensors) of the flow encoder, or None when flow.safetensors has none."""
+    from .flow_encoder import encoder_tensors, read_encoder_config
+
+    cfg = read_encoder_config(read_header(path))
+    return None if cfg is None else (cfg, load_tensors(path, encoder_tensors(cfg)))
+
+
+def write_flow(directory: Path, cfg: DiTConfig = TINY_DIT, seed: int = 0, encoder=None) -> Path:
     from ...weights import prefixed, seeded_tensors, write_safetensors
+    from .flow_encoder import TINY_ENCODER, encoder_tensors
 
     directory.mkdir(parents=True, exist_ok=True)
-    write_safetensors(directory / "flow.safetensors", prefixed(seeded_tensors(dit_tensors(cfg), seed), PREFIX))
+    tensors = prefixed(seeded_tensors(dit_tensors(cfg), seed), PREFIX)
+    tensors.update(seeded_tensors(encoder_tensors(encoder or TINY_ENCODER), seed + 1))
+    write_safetensors(directory / "flow.safetensors", tensors)
     return directory
 
 
