@@ -18,8 +18,8 @@ from omni_export.recipes.minicpm_o import model as M
 from omni_export.weights import write_safetensors
 
 # Tiny geometry: the longest synthetic utterance (37 tokens + text_eos + audio_bos) and 24 codes fit.
-GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "32", "--flow-tokens", "32"]
-OPTS = {"context-length": 64, "prefill-tokens": 16, "mel-frames": 32, "flow-tokens": 32}
+GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "64", "--flow-tokens", "32"]
+OPTS = {"context-length": 64, "prefill-tokens": 16, "mel-frames": 64, "flow-tokens": 32}
 GOLDEN_MC = GOLDEN / "minicpm_o"
 
 
@@ -255,9 +255,12 @@ def test_synth_through_the_built_graphs_gives_the_eager_codes(fp16_build, tmp_pa
     eager = run_cli("synth", "minicpm-o", "--checkpoint", str(read_manifest(out)["checkpoint"]["path"]), "--greedy",
                     "--max-codes", "20", "--codes-out", str(tmp_path / "e.npy"), "--json")
     built = run_cli("synth", "minicpm-o", "--build", str(out), "--runner", "ort", "--greedy", "--max-codes", "20",
-                    "--codes-out", str(tmp_path / "b.npy"), "--json")
+                    "--codes-out", str(tmp_path / "b.npy"), "--mel-out", str(tmp_path / "mel.npy"), "--json")
     assert eager.returncode == 0 and built.returncode == 0, (eager.stderr[-2000:], built.stderr[-2000:])
-    assert json.loads(built.stdout)["codes"] == 20
+    summary = json.loads(built.stdout)
+    assert summary["codes"] == 20 and summary["mel_frames"] == 40
+    mel = np.load(tmp_path / "mel.npy")
+    assert mel.shape == (80, 40) and np.isfinite(mel).all() and mel.std() > 0
     assert np.array_equal(np.load(tmp_path / "e.npy"), np.load(tmp_path / "b.npy"))
     bad = run_cli("synth", "minicpm-o", "--text-ids", "1,2,3")
     assert bad.returncode == 2 and "--text-ids needs --hidden-states" in bad.stderr

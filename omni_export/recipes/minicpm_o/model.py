@@ -155,6 +155,23 @@ class MiniCPMO:
             out.append(graphs("flow_encoder_chunk", {"tokens": tokens, "token_mask": mask})["mu"][..., :2 * len(part)])
         return np.concatenate(out, axis=-1)
 
+    def token2wav_mel(self, graphs, codes: np.ndarray, seed: int) -> np.ndarray:
+        """Codes -> mel [1, 80, 2 n] through flow_encoder_chunk and the dit_step solver. No voice prompt:
+        cond is zeros and the speaker vector is a seeded stand-in for campplus' projected embedding;
+        the noise is seeded. Codes beyond --mel-frames / 2 are dropped (one DiT window)."""
+        m = int(self.options["mel-frames"])
+        codes = np.minimum(np.asarray(codes, np.int64), self.encoder[0].vocab - 1)[: m // 2]
+        mu = self.encode(graphs, codes)
+        n = mu.shape[-1]
+        rng = np.random.default_rng(seed)
+        mels = self.dit[0].mels
+        inputs = {"noise": rng.standard_normal((1, mels, m)).astype(np.float32),
+                  "mu": np.zeros((1, mels, m), np.float32), "cond": np.zeros((1, mels, m), np.float32),
+                  "spks": (0.3 * rng.standard_normal((1, mels))).astype(np.float32),
+                  "mask": np.zeros((1, 1, m), np.float32)}
+        inputs["mu"][..., :n], inputs["mask"][..., :n] = mu, 1.0
+        return self.flow(graphs, inputs)[..., :n]
+
     def heldout_flow_inputs(self) -> list[dict]:
         """The held-out flow-matching inputs (the same seeds the held-out dit_step samples came from)."""
         return [synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), HELDOUT_SEED + 50, pad=True)]
@@ -192,9 +209,9 @@ class MiniCPMO:
                                         max_codes=HELDOUT_CODES if held else CALIBRATION_CODES,
                                         min_new_tokens=HELDOUT_CODES if held else CALIBRATION_CODES)
                 gen = self.synthesize(cap, utt, opts)
-                if self.encoder is not None and len(gen.codes):
-                    self.encode(cap, np.minimum(gen.codes, self.encoder[0].vocab - 1))
-            if self.dit is not None:
+                if self.encoder is not None and self.dit is not None and len(gen.codes):
+                    self.token2wav_mel(cap, gen.codes, (HELDOUT_SEED if held else CALIBRATION_SEED) + 70 + i)
+            if self.dit is not None and self.encoder is None:     # a flow without its encoder: synthetic mu
                 flows = self.heldout_flow_inputs() if held else [
                     synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), CALIBRATION_SEED + 50 + i)
                     for i in range(2)]

@@ -20,8 +20,9 @@ the fp32 TTS head or through the exported graphs of a build (--build OUT --runne
 --hidden-states is the LLM's last hidden states [tokens, llm_dim] for the spoken tokens (.npy),
 --text-ids their token ids ([tokens] .npy or comma-separated). Sampling follows the checkpoint's
 tts_config (temperature 0.8, top-k 25, top-p 0.85, repetition penalty 1.05; EOS masked for the first
---min-new-tokens codes); --greedy picks the best code. Codes to audio needs token2wav (flow encoder,
-DiT, HiFT), which omni-export does not build yet: save the codes with --codes-out.
+--min-new-tokens codes); --greedy picks the best code. --mel-out runs the codes on through token2wav's
+flow encoder and DiT solver (no voice prompt; up to --mel-frames / 2 codes) and saves the 50 Hz mel;
+the HiFT vocoder (mel -> waveform) is not built yet, so there is no WAV output.
 """
 
 
@@ -45,6 +46,8 @@ def options() -> list:
         o(["--temperature"], type=float, default=None), o(["--top-k"], type=int, default=None),
         o(["--top-p"], type=float, default=None), o(["--repetition-penalty"], type=float, default=None),
         o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [n] (.npy, int64)"),
+        o(["--mel-out"], type=click.Path(), default=None,
+          help="also run token2wav's flow encoder and DiT solver and save the mel [80, frames] (.npy)"),
         o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
     ]
 
@@ -77,18 +80,27 @@ def _run(model, build, kw) -> dict:
                              min_new_tokens=kw["min_new_tokens"], temperature=pick("temperature", c.temperature),
                              top_k=pick("top_k", c.top_k), top_p=pick("top_p", c.top_p),
                              repetition_penalty=pick("repetition_penalty", c.repetition_penalty))
+    mel = None
     try:
         gen = model.synthesize(graphs, utt, opts)
+        if kw.get("mel_out"):
+            if not all(g in model.components() for g in ("flow_encoder_chunk", "dit_step")):
+                raise UsageError("--mel-out needs the token2wav flow (flow.safetensors with the encoder and DiT)")
+            mel = model.token2wav_mel(graphs, gen.codes, kw.get("seed") or 0)[0]
     finally:
         if build:
             graphs.close()
     if kw.get("codes_out"):
         Path(kw["codes_out"]).parent.mkdir(parents=True, exist_ok=True)
         np.save(kw["codes_out"], gen.codes.astype(np.int64))
+    if mel is not None:
+        Path(kw["mel_out"]).parent.mkdir(parents=True, exist_ok=True)
+        np.save(kw["mel_out"], mel.astype(np.float32))
     where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
     return {"codes": int(len(gen.codes)), "seconds": round(len(gen.codes) / 25.0, 3), "stopped": gen.stopped,
             "utterance": utt.name, "graphs": where, "checkpoint": str(model.path), "label": model.info["label"],
-            "codes_out": kw.get("codes_out")}
+            "codes_out": kw.get("codes_out"), "mel_out": kw.get("mel_out"),
+            "mel_frames": int(mel.shape[-1]) if mel is not None else None}
 
 
 def _utterance(model, kw):
@@ -136,4 +148,6 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
     opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
     opts["random-weights"] = False
     opts["calibration-hidden"] = None
+    opts["token2wav"] = m["checkpoint"].get("config", {}).get("token2wav") and str(
+        Path(m["checkpoint"]["config"]["token2wav"]).parent)
     return opts, checkpoint or m["checkpoint"]["path"]
