@@ -21,6 +21,21 @@ checkpoint):
     emb_text(text_eos), emb_text(audio_bos); positions 0..L-1; the last logits give code 0; each
     step feeds emb_code[0](previous code).
 
+token2wav (Step-Audio2 flow as MiniCPM-o ships it; read in PyPI stepaudio2-minicpmo 0.1.1 /
+minicpmo-utils 1.0.7: cosyvoice2/flow/{flow,flow_matching,decoder_dit}.py,
+cosyvoice2/transformer/upsample_encoder_v2.py, token2wav.py):
+  assets: flow.pt (pickle; converted once to flow.safetensors, same state-dict names), flow.yaml
+    (hyperpyyaml, never executed: geometry is read from tensor shapes), hift.pt, campplus.onnx,
+    speech_tokenizer_v2_25hz.onnx.
+  flow tensors: input_embedding.weight [6561, 512]; encoder.{embed,up_embed}.out.{0,1} (Linear,
+    LayerNorm), encoder.pre_lookahead_layer.conv{1,2}, encoder.{encoders,up_encoders}.N.{self_attn.
+    linear_{q,k,v,out,pos}, self_attn.pos_bias_{u,v}, feed_forward.w_{1,2}, norm_{mha,ff}},
+    encoder.up_layer.conv, encoder.after_norm, encoder_proj [80, 512]; decoder.estimator.{t_embedder.
+    mlp.{0,2}, in_proj, blocks.N.{attn.{to_q,to_k,to_v,q_norm,k_norm,proj}, mlp.fc{1,2}, conv.block.
+    {1,3,6}, adaLN_modulation.1}, final_layer.{adaLN_modulation.1,linear}}.
+  solver: 10 Euler steps, t = 1 - cos(pi/2 s), CFG rate 0.7 with (mu, spks, cond) zeroed for the
+    unconditional half; mu = encoder_proj(encoder(tokens)), 2 mel frames per token (50 Hz).
+
 Where gathers run: emb_text (152064 x 768, 233 MB in fp16) stays on the host; only the gathered rows
 enter `tts_condition`. emb_code (6562 x 768) is gathered on the host too (one row per step).
 
