@@ -291,7 +291,7 @@ def plant_outlier_in_code_head(src: Path, dst: Path, channel: int = 5, gain: flo
 def _int8_run(tmp: Path, ckpt: Path):
     out = tmp / "out"
     proc = run_cli("minicpm-o", "--target", "s25-htp", "--checkpoint", str(ckpt), "--out", str(out),
-                   "--components", "tts_decode", "--precision", "fp16,w8a16", "--formats", "onnx,pte",
+                   "--components", "tts_decode", "--precision", "fp16,w8a16", "--formats", "onnx,ctx,pte",
                    "--gate", "w8a16=20", "--e2e-codes", "0", *GEOM)
     return proc, {(b["format"], b["precision"]): b for b in read_manifest(out)["builds"]}, read_manifest(out)
 
@@ -300,12 +300,12 @@ def _int8_run(tmp: Path, ckpt: Path):
 def test_int8_code_head_with_an_outlier_channel_is_rejected_by_the_gate(tmp_path, tiny):
     clean_proc, clean, _ = _int8_run(tmp_path / "clean", tiny)
     assert clean_proc.returncode == 0, clean_proc.stderr[-3000:]
-    for fmt in ("onnx", "pte"):                                   # control: the same gate passes a clean head
+    for fmt in ("onnx", "ctx", "pte"):                            # control: the same gate passes a clean head
         assert clean[(fmt, "w8a16")]["status"] == "accepted"
     broken = plant_outlier_in_code_head(tiny, tmp_path / "outlier")
     proc, v, m = _int8_run(tmp_path / "broken", broken)
     assert proc.returncode == 0                                   # fp16 still gives an accepted build
-    for fmt in ("onnx", "pte"):
+    for fmt in ("onnx", "ctx", "pte"):
         assert v[(fmt, "fp16")]["status"] == "accepted"
         bad = v[(fmt, "w8a16")]
         assert bad["status"] == "rejected" and bad["files"][0]["path"].startswith("rejected/")
