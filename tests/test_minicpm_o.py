@@ -312,4 +312,5 @@ def test_int8_code_head_with_an_outlier_channel_is_rejected_by_the_gate(tmp_path
         logits = lambda b: next(o for o in b["parity"]["outputs"] if o["name"] == "logits")   # noqa: E731
         assert logits(bad)["snr_db"] < logits(clean[(fmt, "w8a16")])["snr_db"] - 10
     blocks = {r["block"]: r for r in m["components"]["tts_decode"]["attribution"]["w8a16"]}
-    assert blocks["code_head"]["snr_db"] < blocks["backbone"]["snr_db"]     # attribution names the head
+    others = min(r["snr_db"] for name, r in blocks.items() if name != "code_head")
+    assert blocks["code_head"]["snr_db"] < others - 20          # attribution names the head, not the layers
