@@ -403,8 +403,8 @@ def test_sigint_is_one_line_exit_130_and_marks_the_output_incomplete(tmp_path, t
 def test_unknown_recipe_lists_the_valid_ones(tmp_path):
     proc = run_cli("whisper-xl", "--target", "s25-htp")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("omni-export: error: unknown recipe 'whisper-xl'; valid: qwen3-tts (other "
-                                   "commands: diff, hub, list, parity, report, synth, verify)")
+    assert proc.stderr.strip() == ("omni-export: error: unknown recipe 'whisper-xl'; valid: qwen3-tts, minicpm-o, "
+                                   "spark (other commands: diff, hub, list, parity, report, synth, verify)")
 
 
 def test_click_usage_errors_are_one_line_too():

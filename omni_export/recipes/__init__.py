@@ -10,6 +10,7 @@ from ..core import Recipe, UsageError
 
 REGISTRY: dict[str, str] = {
     "qwen3-tts": "omni_export.recipes.qwen3_tts.recipe",
+    "minicpm-o": "omni_export.recipes.minicpm_o.recipe",
     "spark": "omni_export.recipes.spark.recipe",
 }
 

@@ -1,0 +1,114 @@
+"""End-to-end parity of the TTS head: the held-out utterances through a build's graphs on one runner,
+against the fp32 pipeline.
+
+  teacher-forced code agreement (gated): the greedy code the build picks at every step given the fp32
+    history, as a fraction of the fp32 codes; a flip where fp32's two best logits were within
+    TIE_MARGIN is a near tie, excused and counted. Gate: >= 99 %.
+  free-running (reported): the build generates greedily on its own: code agreement with fp32 and the
+    first step that differs (one flip changes every later step, so this is not gated).
+  mel SNR (reported, in the reason): the fp32 codes of each held-out utterance through the build's
+    flow_encoder_chunk and --flow-steps Euler steps of its dit_step, against the same through fp32.
+Waveform SNR needs the flow encoder and HiFT graphs, which this recipe does not build yet.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...parity.metrics import TIE_MARGIN
+
+CODE_AGREEMENT_MIN = 0.99
+E2E_GRAPHS = ("tts_condition", "tts_prefill", "tts_decode")
+
+
+def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
+    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+
+    n = int(model.options["e2e-codes"])
+    if n == 0:
+        progress.note("end-to-end parity skipped (--e2e-codes 0)")
+        return []
+    utts = model.utterances("heldout")
+    opts = model.gen_options(greedy=True, max_codes=n, min_new_tokens=n)
+    with progress.stage("end-to-end: fp32 TTS head on the held-out utterances"):
+        eager = EagerGraphs(model)
+        reference = [model.synthesize(eager, u, opts).codes for u in utts]
+        margins = [model.teacher_forced(eager, u, r, opts)[1] for u, r in zip(utts, reference)]
+        mel_ref = _mels(model, eager, reference)
+    rows = []
+    for runner, precisions in runners.items():
+        for prec in precisions:
+            row = {"runner": runner, "precision": prec, "utterances": len(utts),
+                   "codes": int(sum(len(r) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
+                   "tie_margin": TIE_MARGIN}
+            missing = [g for g in E2E_GRAPHS if not _accepted(manifest, g, runner, prec)]
+            if missing:
+                rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
+                continue
+            with progress.stage(f"end-to-end: held-out utterances through {prec} graphs on {runner}"):
+                built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
+                try:
+                    free = [model.synthesize(built, u, opts).codes for u in utts]
+                    forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
+                    mels = _mels(model, built, reference) if mel_ref and all(
+                        _accepted(manifest, g, runner, prec) for g in T2W_GRAPHS) else []
+                finally:
+                    built.close()
+            row = {**row, **score(reference, margins, free, forced)}
+            if mels:
+                row["mel_snr_db"] = round(mel_snr(mel_ref, mels), 3)
+                row["reason"] += (f"; token2wav mel {row['mel_snr_db']:.1f} dB vs fp32 (the fp32 codes through "
+                                  f"flow_encoder_chunk and {model.options['flow-steps']} Euler steps of dit_step; "
+                                  f"reported, not gated)")
+            rows.append(row)
+    return rows
+
+
+def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
+    from ..qwen3_tts.graphs import RUNNER_FORMATS
+
+    fmt = RUNNER_FORMATS[runner][0]
+    return any(b["component"] == graph and b["format"] == fmt and b["precision"] == prec and
+               b["status"] == "accepted" for b in manifest["builds"])
+
+
+T2W_GRAPHS = ("flow_encoder_chunk", "dit_step")
+
+
+def _mels(model, graphs, codes: list) -> list:
+    """The fp32 codes of each held-out utterance through token2wav's graphs (same noise and speaker)."""
+    if not all(g in model.components() for g in T2W_GRAPHS):
+        return []
+    from .model import HELDOUT_SEED
+
+    return [model.token2wav_mel(graphs, c, HELDOUT_SEED + 70 + i) for i, c in enumerate(codes) if len(c)]
+
+
+def mel_snr(refs, outs) -> float:
+    sig = sum(float(np.sum(r.astype(np.float64) ** 2)) for r in refs)
+    err = sum(float(np.sum((r.astype(np.float64) - o) ** 2)) for r, o in zip(refs, outs))
+    return float("inf") if err == 0 else 10 * float(np.log10(sig / err))
+
+
+def score(reference, margins, free, forced) -> dict:
+    agreed = total = ties = flips = 0
+    for ref, mar, pred in zip(reference, margins, forced):
+        differ = pred != ref
+        near = differ & (mar < TIE_MARGIN)
+        ties += int(near.sum())
+        flips += int(differ.sum())
+        agreed += int(ref.size - differ.sum() + near.sum())
+        total += ref.size
+    forced_agree = agreed / total if total else 1.0
+    equal, firsts = 0, []
+    for ref, out in zip(reference, free):
+        m = min(len(ref), len(out))
+        eq = ref[:m] == out[:m]
+        equal += int(eq.sum())
+        diff = np.nonzero(~eq)[0]
+        firsts.append(int(diff[0]) if len(diff) else (m if len(out) != len(ref) else None))
+    ok = forced_agree >= CODE_AGREEMENT_MIN
+    reason = (f"teacher-forced codes {100 * forced_agree:.1f}% equal to fp32 ({ties} near-tie flips of {flips} "
+              f"excused) {'>=' if ok else '<'} {100 * CODE_AGREEMENT_MIN:.0f}%")
+    return {"code_agreement": round(forced_agree, 6), "near_tie_flips": ties, "flips": flips,
+            "free_running_agreement": round(equal / total, 6) if total else 1.0, "first_divergence": firsts,
+            "verdict": "accepted" if ok else "rejected", "reason": reason}

@@ -1,0 +1,153 @@
+"""`omni-export synth minicpm-o`: LLM hidden states -> 25 Hz speech codes through the fp32 TTS head or
+a build's graphs. Only click and the standard library load with the module (the CLI lists it
+without importing torch); the work happens in `run`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+HELP = """Generate MiniCPM-o 4.5 speech codes (one codebook, 25 Hz) from an LLM's hidden states, through
+the fp32 TTS head or through the exported graphs of a build (--build OUT --runner ort|htp|pte).
+
+\b
+  omni-export synth minicpm-o --checkpoint DIR --hidden-states h.npy --text-ids ids.npy --codes-out c.npy
+  omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --codes-out c.npy
+      (no --hidden-states: a seeded synthetic utterance, for the demo)
+
+--hidden-states is the LLM's last hidden states [tokens, llm_dim] for the spoken tokens (.npy),
+--text-ids their token ids ([tokens] .npy or comma-separated). Sampling follows the checkpoint's
+tts_config (temperature 0.8, top-k 25, top-p 0.85, repetition penalty 1.05; EOS masked for the first
+--min-new-tokens codes); --greedy picks the best code. --mel-out runs the codes on through token2wav's
+flow encoder and DiT solver (no voice prompt; up to --mel-frames / 2 codes) and saves the 50 Hz mel;
+the HiFT vocoder (mel -> waveform) is not built yet, so there is no WAV output.
+"""
+
+
+def options() -> list:
+    o = click.Option
+    return [
+        o(["--checkpoint", "-c"], type=click.Path(), default=None,
+          help="checkpoint directory; default: the build's checkpoint with --build, else the demo checkpoint"),
+        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
+          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
+        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        o(["--hidden-states"], type=click.Path(), default=None, help="LLM last hidden states [tokens, llm_dim] (.npy)"),
+        o(["--text-ids"], default=None, help="spoken token ids: a [tokens] .npy or comma-separated integers"),
+        o(["--demo-seed"], type=int, default=0, show_default=True,
+          help="without --hidden-states: seed of the synthetic utterance"),
+        o(["--max-codes"], type=int, default=200, show_default=True, help="stop after this many codes (8 s)"),
+        o(["--min-new-tokens"], type=int, default=50, show_default=True, help="EOS is masked before this many codes"),
+        o(["--greedy"], is_flag=True, help="no sampling"),
+        o(["--seed"], type=int, default=0, show_default=True),
+        o(["--temperature"], type=float, default=None), o(["--top-k"], type=int, default=None),
+        o(["--top-p"], type=float, default=None), o(["--repetition-penalty"], type=float, default=None),
+        o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [n] (.npy, int64)"),
+        o(["--mel-out"], type=click.Path(), default=None,
+          help="also run token2wav's flow encoder and DiT solver and save the mel [80, frames] (.npy)"),
+        o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
+    ]
+
+
+def run(**kw) -> dict:
+    """Returns a summary; raises UsageError for bad input."""
+    import tempfile
+
+    from . import model as M
+
+    build = Path(kw["build"]) if kw.get("build") else None
+    opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
+    with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+
+
+def _run(model, build, kw) -> dict:
+    import numpy as np
+
+    from ...core import UsageError
+    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+
+    if kw["max_codes"] < 1 or kw["min_new_tokens"] < 0:
+        raise UsageError("--max-codes must be >= 1 and --min-new-tokens >= 0")
+    utt = _utterance(model, kw)
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    pick = lambda k, d: kw[k] if kw.get(k) is not None else d      # noqa: E731
+    c = model.cfg
+    opts = model.gen_options(greedy=bool(kw.get("greedy")), seed=kw.get("seed") or 0, max_codes=kw["max_codes"],
+                             min_new_tokens=kw["min_new_tokens"], temperature=pick("temperature", c.temperature),
+                             top_k=pick("top_k", c.top_k), top_p=pick("top_p", c.top_p),
+                             repetition_penalty=pick("repetition_penalty", c.repetition_penalty))
+    mel = None
+    try:
+        gen = model.synthesize(graphs, utt, opts)
+        if kw.get("mel_out"):
+            if not all(g in model.components() for g in ("flow_encoder_chunk", "dit_step")):
+                raise UsageError("--mel-out needs the token2wav flow (flow.safetensors with the encoder and DiT)")
+            mel = model.token2wav_mel(graphs, gen.codes, kw.get("seed") or 0)[0]
+    finally:
+        if build:
+            graphs.close()
+    if kw.get("codes_out"):
+        Path(kw["codes_out"]).parent.mkdir(parents=True, exist_ok=True)
+        np.save(kw["codes_out"], gen.codes.astype(np.int64))
+    if mel is not None:
+        Path(kw["mel_out"]).parent.mkdir(parents=True, exist_ok=True)
+        np.save(kw["mel_out"], mel.astype(np.float32))
+    where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
+    return {"codes": int(len(gen.codes)), "seconds": round(len(gen.codes) / 25.0, 3), "stopped": gen.stopped,
+            "utterance": utt.name, "graphs": where, "checkpoint": str(model.path), "label": model.info["label"],
+            "codes_out": kw.get("codes_out"), "mel_out": kw.get("mel_out"),
+            "mel_frames": int(mel.shape[-1]) if mel is not None else None}
+
+
+def _utterance(model, kw):
+    import numpy as np
+
+    from ...core import UsageError
+    from .model import read_utterance, synthetic_utterance
+
+    if not kw.get("hidden_states"):
+        if kw.get("text_ids"):
+            raise UsageError("--text-ids needs --hidden-states (the LLM hidden states of the same tokens)")
+        return synthetic_utterance(model.cfg, 3000 + int(kw.get("demo_seed") or 0), 24)
+    hidden = Path(kw["hidden_states"])
+    ids = kw.get("text_ids")
+    if not ids:
+        raise UsageError("--hidden-states needs --text-ids (the spoken token ids, one per hidden-state row)")
+    if ids.endswith(".npy"):
+        return read_utterance(hidden, Path(ids), model.cfg, "--hidden-states/--text-ids")
+    try:
+        values = np.array([int(t) for t in ids.replace(" ", "").split(",") if t], np.int64)
+    except ValueError:
+        raise UsageError("--text-ids takes a .npy file or comma-separated integers") from None
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "ids.npy"
+        np.save(f, values)
+        return read_utterance(hidden, f, model.cfg, "--hidden-states/--text-ids")
+
+
+def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
+    from ...recipes import get_recipe
+
+    opts = {o.name: o.default for o in get_recipe("minicpm-o").options}
+    if build is None:
+        return opts, checkpoint
+    from ...core import UsageError
+
+    path = build / "manifest.json"
+    if not path.exists():
+        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
+    m = json.loads(path.read_text())
+    if m.get("recipe", {}).get("name") != "minicpm-o":
+        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not minicpm-o")
+    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
+    opts["random-weights"] = False
+    opts["calibration-hidden"] = None
+    opts["token2wav"] = m["checkpoint"].get("config", {}).get("token2wav") and str(
+        Path(m["checkpoint"]["config"]["token2wav"]).parent)
+    return opts, checkpoint or m["checkpoint"]["path"]
