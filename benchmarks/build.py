@@ -72,6 +72,29 @@ def tree_bytes(root: Path) -> dict:
     return out
 
 
+def largest_tensors(out: Path, n: int = 12) -> list[dict]:
+    """The checkpoint's biggest tensors by the fp32 bytes the loader holds them in (read from the
+    safetensors headers only): what the resident part of the peak is made of, by name."""
+    import struct
+
+    rows = []
+    for st in sorted(out.rglob("*.safetensors")):
+        with open(st, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+            rows.append({"file": st.relative_to(out).as_posix(), "tensor": name, "shape": info["shape"],
+                         "dtype": info["dtype"], "fp32_bytes": 4 * numel})
+    total = sum(r["fp32_bytes"] for r in rows)
+    top = sorted(rows, key=lambda r: -r["fp32_bytes"])[:n]
+    return [{**r, "share_of_checkpoint": round(r["fp32_bytes"] / total, 4)} for r in top]
+
+
 def read_manifest(out: Path) -> dict | None:
     try:
         return json.loads((out / "manifest.json").read_text())

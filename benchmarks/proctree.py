@@ -232,6 +232,12 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
             inside = [r for s, r, _ in timeline if a <= s <= b]
             rows.append({"stage": e["stage"], "start_s": round(a, 2), "wall_s": round(b - a, 2),
                          "peak_rss_anon_gib": round(max(inside) / 2**30, 3) if inside else None})
+    end = timeline[-1][0] if timeline else 0.0
+    for stage, t in open_at.items():              # still running when the run ended (killed, crashed)
+        a = t - t0_wall
+        inside = [r for s, r, _ in timeline if s >= a]
+        rows.append({"stage": stage, "start_s": round(a, 2), "wall_s": round(end - a, 2), "unfinished": True,
+                     "peak_rss_anon_gib": round(max(inside) / 2**30, 3) if inside else None})
     return rows
 
 

@@ -133,6 +133,7 @@ def run_build(args, argv: list[str]) -> int:
         "budget": bb.budget(args.size, mon.wall_s, mon.memory, mon.exit_code),
         "cli_json": stdout,
         "disk_bytes": bb.tree_bytes(out),
+        "largest_tensors_fp32": bb.largest_tensors(out),
         "manifest": bb.summarize(manifest) if manifest else None,
     }
     path = write_result(Path(args.results), "build", args.size, data)

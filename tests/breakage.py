@@ -34,3 +34,24 @@ def constant_codes(path: Path, frames: int = 64, codebooks: int = 16, value: int
     """A calibration set from the wrong distribution: one code repeated in every frame."""
     np.save(path, np.full((frames, codebooks), value, dtype=np.int64))
     return path
+
+
+def outlier_activation_channel(src: Path, dst: Path, channel: int = 3, gain: float = 1000.0) -> Path:
+    """Copy a Code2Wav checkpoint and give the activation entering pre_conv an outlier channel.
+
+    The channel's rows of both RVQ output projections are scaled by gain (the summed quantizer
+    output carries one channel ~1000x the others) and every pre_conv weight reading it by 1/gain:
+    the fp32 function is the same and fp16 holds both ranges, but a per-tensor 16-bit activation
+    scale set by the outlier leaves the other channels a few levels, and the compensating weights
+    round to zero in int8 -- the activation outliers LLM and TTS int8 builds break on.
+    """
+    from safetensors.numpy import load_file
+
+    shutil.copytree(src, dst)
+    path = dst / "speech_tokenizer" / "model.safetensors"
+    t = load_file(path)
+    for group in ("rvq_first", "rvq_rest"):
+        t[f"decoder.quantizer.{group}.output_proj.weight"][channel] *= gain
+    t["decoder.pre_conv.conv.weight"][:, channel, :] /= gain
+    write_safetensors(path, t)
+    return dst

@@ -1,7 +1,8 @@
 """Kill a build at every named stage and at random moments (SIGKILL: no cleanup runs) and check,
 after every kill, that the output directory is either the previous complete build or marked
 incomplete, and that no manifest ever lists a missing or changed file; then that a rerun completes
-and leaves exactly what its manifest lists (`omni-export verify` exit 0).
+and leaves exactly what its manifest lists (`omni-export verify` exit 0). Every run has --force:
+the build cache would otherwise serve the unchanged build and skip the stages being killed.
 
 Default: the 11 named crash points (omni_export/faults.py) + 9 random kills = 20 kills, with 3
 complete runs in between. OMNI_EXPORT_RANDOM_KILLS=N sets the random ones (e.g. 100 for a soak);
@@ -30,7 +31,7 @@ RANDOM_KILLS = int(os.environ.get("OMNI_EXPORT_RANDOM_KILLS", "9"))
 
 def command(ckpt: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "omni_export.cli", "qwen3-tts", "--checkpoint", str(ckpt), "--out", str(out),
-            "--formats", "onnx", "--precision", "fp16", "--no-attribution", "--jobs", "1", "-q", *FAST]
+            "--formats", "onnx", "--precision", "fp16", "--no-attribution", "--jobs", "1", "-q", "--force", *FAST]
 
 
 def check_invariant(out: Path) -> str:

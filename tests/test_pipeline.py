@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from breakage import constant_codes, outlier_input_channel
+from breakage import constant_codes, outlier_activation_channel, outlier_input_channel
 from conftest import FAST, GEOMETRY, GOLDEN, builds_by, read_manifest, run_cli
 from omni_export.artifacts.store import sha256_file
 from omni_export.recipes.qwen3_tts import checkpoint as ck
@@ -156,14 +156,29 @@ def test_outlier_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, cl
         assert bad["parity"]["outputs"][0]["snr_db"] < good - 15
 
 
-def test_wrong_distribution_calibration_is_rejected(tmp_path, clean, clean_run):
+def test_outlier_activation_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, clean_run):
+    broken = outlier_activation_channel(clean, tmp_path / "act-outlier")
+    proc, v = _gated_run(tmp_path, broken)
+    assert proc.returncode == 0
+    for fmt in ("onnx", "ctx"):
+        assert v[(fmt, "fp16")]["status"] == "accepted"              # same fp32 function, fp16 holds it
+        assert v[(fmt, "w8a16")]["status"] == "rejected"
+        good = clean_run[1][(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"]
+        assert v[(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"] < good - 6
+
+
+def test_a_wrong_distribution_calibration_set_is_used_recorded_and_scored(tmp_path, clean, clean_run):
+    """One code repeated in every frame. With 16-bit activation headroom (exporters/onnx.py) the
+    demo's Code2Wav loses under a dB to it (23.5 vs 24.2 dB on ORT): the gate judges what the
+    build measures on held-out real codes, and here it measures fine."""
     codes = constant_codes(tmp_path / "codes.npy")
     proc, v = _gated_run(tmp_path, clean, "--calibration-codes", str(codes))
     assert proc.returncode == 0
-    assert v[("ctx", "fp16")]["status"] == "accepted"
+    m = read_manifest(tmp_path / "out")
+    assert m["components"]["code2wav"]["calibration"]["source"].startswith("user codes")
+    assert m["components"]["code2wav"]["calibration"]["count"] >= 4
     for fmt in ("onnx", "ctx"):
-        assert v[(fmt, "w8a16")]["status"] == "rejected"
-    assert read_manifest(tmp_path / "out")["components"]["code2wav"]["calibration"]["source"].startswith("user codes")
+        assert v[(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"] is not None
 
 
 def test_exit_code_3_when_a_component_has_no_accepted_build(tmp_path, clean):
