@@ -95,6 +95,9 @@ def main():
     An LLM (prefill + decode graphs, ring-buffer KV), then text through its graphs:
       omni-export spark --target s25-htp --checkpoint ./Spark-X2.5-1.7B
       omni-export synth spark --build artifacts/spark-s25-htp --runner htp --prompt "Hi"
+    MiniCPM-o's voice path (TTS head, flow encoder, DiT step), LLM hidden states to codes and mel:
+      omni-export minicpm-o --target s25-htp
+      omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --codes-out c.npy
 
     Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none.
     """
