@@ -47,9 +47,10 @@ def test_end_to_end_parity_is_recorded_and_gated(build):
     m = read_manifest(out)
     [row] = m["end_to_end"]
     assert row["runner"] == "htp" and row["precision"] == "fp16"
-    if row["verdict"] != "skipped":
-        assert 0 <= row["free_running_agreement"] <= 1 and row["near_tie_flips"] <= row["flips"]
-        assert row["verdict"] == ("accepted" if row["code_agreement"] >= row["threshold"] else "rejected")
+    assert row["verdict"] == "accepted" and row["code_agreement"] >= row["threshold"], row
+    assert row["near_tie_flips"] <= row["flips"]
+    # the demo's decisive heads: the fp16 graphs on the HTP simulator speak the fp32 pipeline's codes
+    assert row["free_running_agreement"] >= 0.99, row
     assert "End to end" in (out / "report.md").read_text() or "end-to-end" in (out / "report.md").read_text().lower()
 
 
@@ -74,8 +75,7 @@ def test_synth_through_the_build_on_the_ort_runner(build, tmp_path):
     eager = run_cli("synth", "qwen3-tts", "--checkpoint", s["checkpoint"], "--text", "Hi there.", "--greedy",
                     "--max-frames", "6", "--codes-out", str(tmp_path / "b.npy"), "--json")
     assert eager.returncode == 0, eager.stderr[-2000:]
-    agree = (np.load(tmp_path / "b.npy") == codes).mean()
-    assert agree >= 0.9                       # fp16 ONNX on CPU vs fp32 eager, free running
+    assert (np.load(tmp_path / "b.npy") == codes).all()      # fp16 ONNX on CPU vs fp32 eager, free running
 
 
 def test_synth_decodes_given_codes_without_a_tokenizer(tmp_path):

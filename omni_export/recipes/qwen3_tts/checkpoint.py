@@ -349,14 +349,17 @@ def speech_tokenizer_config(c: Code2WavConfig) -> dict:
 
 def write_checkpoint(directory: Path, *, code2wav: Code2WavConfig = TINY_CODE2WAV, seed: int = 0,
                      label: str = "demo, random weights", size: str = "tiny",
-                     kind: str = "custom_voice") -> Path:
+                     kind: str = "custom_voice", decisive: bool = False) -> Path:
     """Write a seeded checkpoint in the official layout (talker, predictor, speaker encoder for
-    Base, tokenizer files, speech tokenizer). Returns the directory."""
+    Base, tokenizer files, speech tokenizer). Returns the directory. `decisive` (the embedded demo):
+    heads tied to embedding rows so greedy decisions have clear winners (demo.make_decisive); the
+    golden fixtures keep i.i.d. heads, whose near-tie decisions test exactness harder."""
     from ...weights import prefixed, seeded_tensors, write_safetensors
     from . import demo
 
     directory.mkdir(parents=True, exist_ok=True)
-    marker = {DEMO_MARKER: {"seed": seed, "label": label, "size": size, "kind": kind}}
+    marker = {DEMO_MARKER: {"seed": seed, "label": label, "size": size, "kind": kind,
+                            "heads": "decisive" if decisive else "random"}}
     st = directory / "speech_tokenizer"
     st.mkdir(exist_ok=True)
     (st / "config.json").write_text(json.dumps({**speech_tokenizer_config(code2wav), **marker}, indent=2))
@@ -364,7 +367,7 @@ def write_checkpoint(directory: Path, *, code2wav: Code2WavConfig = TINY_CODE2WA
     write_safetensors(st / "model.safetensors", tensors)
     (st / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
     demo.write_talker(directory, demo.geometry(size, kind), seed + 1, marker,
-                      real_size=size in ("0.6b", "1.7b"))
+                      real_size=size in ("0.6b", "1.7b"), decisive=decisive)
     return directory
 
 

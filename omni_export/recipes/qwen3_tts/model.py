@@ -366,7 +366,8 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
             raise UsageError(f"--size must be 0.6b or 1.7b, got '{size}'")
         checkpoint = ck.write_real_shape(scratch / f"random-{size}", size, options.get("variant") or "custom_voice")
     elif checkpoint is None:
-        checkpoint = ck.write_checkpoint(scratch / "demo-checkpoint", kind=options.get("variant") or "custom_voice")
+        checkpoint = ck.write_checkpoint(scratch / "demo-checkpoint", kind=options.get("variant") or "custom_voice",
+                                        decisive=True)
     checkpoint = Path(checkpoint)
     ck.check_root_config(checkpoint)
     demo = ck.demo_label(checkpoint)
