@@ -183,7 +183,7 @@ class MiniCPMO:
         inputs["mu"][..., :n], inputs["mask"][..., :n] = mu, 1.0
         return self.flow(graphs, inputs)[..., :n]
 
-    def vocode(self, graphs, mel: np.ndarray, seed: int) -> np.ndarray:
+    def vocode(self, graphs, mel: np.ndarray, seed: int, f0_graphs=None) -> np.ndarray:
         """mel [1, 80, n] (n <= --mel-frames) -> 24 kHz waveform [480 n] through hift_f0, the host NSF source,
         hift and the host iSTFT. The window is padded to --mel-frames by repeating the last frame; the
         source noise is seeded."""
@@ -193,7 +193,7 @@ class MiniCPMO:
         m, n = int(self.options["mel-frames"]), mel.shape[-1]
         padded = np.pad(mel[..., :m], ((0, 0), (0, 0), (0, max(m - n, 0))), mode="edge")
         return waveform(graphs, padded, t["m_source.l_linear.weight"].numpy(), t["m_source.l_linear.bias"].numpy(),
-                        cfg, seed, frames=min(n, m))
+                        cfg, seed, frames=min(n, m), f0_graphs=f0_graphs)
 
     def heldout_flow_inputs(self) -> list[dict]:
         """The held-out flow-matching inputs (the same seeds the held-out dit_step samples came from)."""

@@ -81,13 +81,31 @@ def istft(magnitude: np.ndarray, phase: np.ndarray, cfg: HiFTConfig) -> np.ndarr
 
 
 def waveform(graphs, mel: np.ndarray, weight: np.ndarray, bias: np.ndarray, cfg: HiFTConfig, seed: int,
-             frames: int | None = None) -> np.ndarray:
+             frames: int | None = None, f0_graphs=None) -> np.ndarray:
     """mel [1, 80, M] -> float32 waveform [frames * U] through hift_f0, the host source, hift and the iSTFT.
-    `frames` (default M) real frames are kept; the rest of the window is padding."""
+    `frames` (default M) real frames are kept; the rest of the window is padding. `f0_graphs` runs hift_f0
+    instead of `graphs` (parity: the fp32 f0 in front of a build's hift isolates hift's own error)."""
     m = mel.shape[-1]
-    f0 = graphs("hift_f0", {"mel": mel.astype(np.float32)})["f0"][0]
+    f0 = (f0_graphs or graphs)("hift_f0", {"mel": mel.astype(np.float32)})["f0"][0]
     source = excitation(f0, weight, bias, noise(m, cfg, seed), cfg)
     out = graphs("hift", {"mel": mel.astype(np.float32), "source": pad_source(source, cfg)})
     wav = istft(out["magnitude"][0], out["phase"][0], cfg)
     n = (frames if frames is not None else m) * cfg.upsample
     return np.clip(wav[:n], -cfg.audio_limit, cfg.audio_limit).astype(np.float32)
+
+
+def spectral_snr(refs, outs, n_fft: int = 512, hop: int = 128) -> float:
+    """SNR in dB of the STFT magnitudes (hann, n_fft / hop) of waveforms against references: blind to the
+    phase drift an NSF source's f0 integral builds up from sub-Hz f0 differences."""
+    def mag(x):
+        x = np.asarray(x, np.float64)
+        if len(x) < n_fft:
+            x = np.pad(x, (0, n_fft - len(x)))
+        idx = np.arange(0, len(x) - n_fft + 1, hop)[:, None] + np.arange(n_fft)[None]
+        return np.abs(np.fft.rfft(x[idx] * window(n_fft), axis=-1))
+    sig = err = 0.0
+    for r, o in zip(refs, outs):
+        a, b = mag(r), mag(o)
+        sig += float(np.sum(a ** 2))
+        err += float(np.sum((a - b) ** 2))
+    return float("inf") if err == 0 else 10.0 * float(np.log10(sig / err))
