@@ -50,41 +50,53 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                    "codes": int(sum(len(r) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
                    "tie_margin": TIE_MARGIN}
             missing = [g for g in E2E_GRAPHS if not _accepted(manifest, g, runner, prec)]
-            if missing:
+            flow = bool(mel_ref) and all(_accepted(manifest, g, runner, prec) for g in T2W_GRAPHS)
+            vocoder = bool(wav_ref) and all(_accepted(manifest, g, runner, prec) for g in HIFT_GRAPHS)
+            if missing and not flow and not vocoder:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
             with progress.stage(f"end-to-end: held-out utterances through {prec} graphs on {runner}"):
                 built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
                 try:
-                    free = [model.synthesize(built, u, opts).codes for u in utts]
-                    forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
-                    mels = _mels(model, built, reference) if mel_ref and all(
-                        _accepted(manifest, g, runner, prec) for g in T2W_GRAPHS) else []
-                    vocoder = wav_ref and all(_accepted(manifest, g, runner, prec) for g in HIFT_GRAPHS)
+                    if not missing:
+                        free = [model.synthesize(built, u, opts).codes for u in utts]
+                        forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
+                    mels = _mels(model, built, reference) if flow else []
                     wavs = _wavs(model, built, mels) if vocoder and mels else []
                     hift_wavs = _wavs(model, built, mel_ref) if vocoder else []
                     graph_wavs = _wavs(model, built, mel_ref, f0_graphs=eager) if vocoder else []
                 finally:
                     built.close()
-            row = {**row, **score(reference, margins, free, forced)}
-            if mels:
-                row["mel_snr_db"] = round(mel_snr(mel_ref, mels), 3)
-                row["reason"] += (f"; token2wav mel {row['mel_snr_db']:.1f} dB vs fp32 (the fp32 codes through "
-                                  f"flow_encoder_chunk and {model.options['flow-steps']} Euler steps of dit_step; "
-                                  f"reported, not gated)")
-            if wavs:
-                row["wav_snr_db"] = round(mel_snr(wav_ref, wavs), 3)
-                row["wav_spectral_snr_db"] = round(spectral_snr(wav_ref, wavs), 3)
-                row["reason"] += (f"; waveform {row['wav_snr_db']:.1f} dB vs fp32, its STFT magnitude "
-                                  f"{row['wav_spectral_snr_db']:.1f} dB (that mel through hift_f0, the host NSF source, "
-                                  f"hift and the host iSTFT; reported, not gated)")
-            if hift_wavs:
-                row["hift_wav_snr_db"] = round(mel_snr(wav_ref, hift_wavs), 3)
-                row["hift_graph_wav_snr_db"] = round(mel_snr(wav_ref, graph_wavs), 3)
-                row["reason"] += (f"; the fp32 mel through the built hift_f0 + hift {row['hift_wav_snr_db']:.1f} dB, "
-                                  f"with the fp32 f0 (the built hift alone) {row['hift_graph_wav_snr_db']:.1f} dB")
-            rows.append(row)
+            if missing:     # token2wav still scored on the fp32 codes; the TTS head is not
+                row = {**row, "verdict": "skipped",
+                       "reason": f"no accepted {', '.join(missing)} build (codes not scored)"}
+            else:
+                row = {**row, **score(reference, margins, free, forced)}
+            rows.append(_token2wav_scores(row, model, (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs)))
     return rows
+
+
+def _token2wav_scores(row: dict, model, mel: tuple, wav: tuple) -> dict:
+    """The row with token2wav's reported figures: mel, waveform (and its spectrum), the HiFT graphs alone."""
+    (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs) = mel, wav
+    row = dict(row)
+    if mels:
+        row["mel_snr_db"] = round(mel_snr(mel_ref, mels), 3)
+        row["reason"] += (f"; token2wav mel {row['mel_snr_db']:.1f} dB vs fp32 (the fp32 codes through "
+                          f"flow_encoder_chunk and {model.options['flow-steps']} Euler steps of dit_step; "
+                          f"reported, not gated)")
+    if wavs:
+        row["wav_snr_db"] = round(mel_snr(wav_ref, wavs), 3)
+        row["wav_spectral_snr_db"] = round(spectral_snr(wav_ref, wavs), 3)
+        row["reason"] += (f"; waveform {row['wav_snr_db']:.1f} dB vs fp32, its STFT magnitude "
+                          f"{row['wav_spectral_snr_db']:.1f} dB (that mel through hift_f0, the host NSF source, "
+                          f"hift and the host iSTFT; reported, not gated)")
+    if hift_wavs:
+        row["hift_wav_snr_db"] = round(mel_snr(wav_ref, hift_wavs), 3)
+        row["hift_graph_wav_snr_db"] = round(mel_snr(wav_ref, graph_wavs), 3)
+        row["reason"] += (f"; the fp32 mel through the built hift_f0 + hift {row['hift_wav_snr_db']:.1f} dB, "
+                          f"with the fp32 f0 (the built hift alone) {row['hift_graph_wav_snr_db']:.1f} dB")
+    return row
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
