@@ -271,9 +271,12 @@ def write_checkpoint(directory: Path, *, cfg: TTSConfig = TINY, seed: int = 0, l
 
     from .flow_encoder import REAL_ENCODER, TINY_ENCODER
 
+    from .hift import REAL_HIFT, TINY_HIFT, write_hift
+
     tiny = cfg == TINY
     t2w.write_flow(directory / "assets" / "token2wav", t2w.TINY_DIT if tiny else t2w.REAL_DIT, seed + 1,
                    TINY_ENCODER if tiny else REAL_ENCODER)
+    write_hift(directory / "assets" / "token2wav", TINY_HIFT if tiny else REAL_HIFT, seed + 3)
     tensors = seeded_tensors(tts_tensors(cfg), seed)
     if shards <= 1:
         write_safetensors(directory / "model.safetensors", tensors)

@@ -8,13 +8,21 @@ against the fp32 pipeline.
     first step that differs (one flip changes every later step, so this is not gated).
   mel SNR (reported, in the reason): the fp32 codes of each held-out utterance through the build's
     flow_encoder_chunk and --flow-steps Euler steps of its dit_step, against the same through fp32.
-Waveform SNR needs the flow encoder and HiFT graphs, which this recipe does not build yet.
+  waveform SNR (reported, in the reason): that mel on through the build's hift_f0 and hift (host NSF
+    source and iSTFT, same noise seed) against the fp32 chain's 24 kHz waveform (wav_snr_db), and its
+    STFT-magnitude SNR (wav_spectral_snr_db); the HiFT graphs alone: the fp32 mel through the build's
+    hift_f0 and hift (hift_wav_snr_db); the hift graph alone: the fp32 mel and fp32 f0 (so the fp32
+    source) through the build's hift (hift_graph_wav_snr_db). The NSF source integrates f0 into the
+    harmonics' phase over the whole window, so an f0 difference of a fraction of a Hz (fp16 holds f0 to
+    2^-11 relative, 0.06-0.12 Hz at 128-256 Hz) drifts the waveform's phase: the waveform SNR of any fp16
+    f0 is low while the spectrum and the hift graph itself stay close. Attribution, not a gate.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ...parity.metrics import TIE_MARGIN
+from .vocoder import spectral_snr
 
 CODE_AGREEMENT_MIN = 0.99
 E2E_GRAPHS = ("tts_condition", "tts_prefill", "tts_decode")
@@ -34,6 +42,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
         reference = [model.synthesize(eager, u, opts).codes for u in utts]
         margins = [model.teacher_forced(eager, u, r, opts)[1] for u, r in zip(utts, reference)]
         mel_ref = _mels(model, eager, reference)
+        wav_ref = _wavs(model, eager, mel_ref)
     rows = []
     for runner, precisions in runners.items():
         for prec in precisions:
@@ -41,26 +50,53 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                    "codes": int(sum(len(r) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
                    "tie_margin": TIE_MARGIN}
             missing = [g for g in E2E_GRAPHS if not _accepted(manifest, g, runner, prec)]
-            if missing:
+            flow = bool(mel_ref) and all(_accepted(manifest, g, runner, prec) for g in T2W_GRAPHS)
+            vocoder = bool(wav_ref) and all(_accepted(manifest, g, runner, prec) for g in HIFT_GRAPHS)
+            if missing and not flow and not vocoder:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
             with progress.stage(f"end-to-end: held-out utterances through {prec} graphs on {runner}"):
                 built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
                 try:
-                    free = [model.synthesize(built, u, opts).codes for u in utts]
-                    forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
-                    mels = _mels(model, built, reference) if mel_ref and all(
-                        _accepted(manifest, g, runner, prec) for g in T2W_GRAPHS) else []
+                    if not missing:
+                        free = [model.synthesize(built, u, opts).codes for u in utts]
+                        forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
+                    mels = _mels(model, built, reference) if flow else []
+                    wavs = _wavs(model, built, mels) if vocoder and mels else []
+                    hift_wavs = _wavs(model, built, mel_ref) if vocoder else []
+                    graph_wavs = _wavs(model, built, mel_ref, f0_graphs=eager) if vocoder else []
                 finally:
                     built.close()
-            row = {**row, **score(reference, margins, free, forced)}
-            if mels:
-                row["mel_snr_db"] = round(mel_snr(mel_ref, mels), 3)
-                row["reason"] += (f"; token2wav mel {row['mel_snr_db']:.1f} dB vs fp32 (the fp32 codes through "
-                                  f"flow_encoder_chunk and {model.options['flow-steps']} Euler steps of dit_step; "
-                                  f"reported, not gated)")
-            rows.append(row)
+            if missing:     # token2wav still scored on the fp32 codes; the TTS head is not
+                row = {**row, "verdict": "skipped",
+                       "reason": f"no accepted {', '.join(missing)} build (codes not scored)"}
+            else:
+                row = {**row, **score(reference, margins, free, forced)}
+            rows.append(_token2wav_scores(row, model, (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs)))
     return rows
+
+
+def _token2wav_scores(row: dict, model, mel: tuple, wav: tuple) -> dict:
+    """The row with token2wav's reported figures: mel, waveform (and its spectrum), the HiFT graphs alone."""
+    (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs) = mel, wav
+    row = dict(row)
+    if mels:
+        row["mel_snr_db"] = round(mel_snr(mel_ref, mels), 3)
+        row["reason"] += (f"; token2wav mel {row['mel_snr_db']:.1f} dB vs fp32 (the fp32 codes through "
+                          f"flow_encoder_chunk and {model.options['flow-steps']} Euler steps of dit_step; "
+                          f"reported, not gated)")
+    if wavs:
+        row["wav_snr_db"] = round(mel_snr(wav_ref, wavs), 3)
+        row["wav_spectral_snr_db"] = round(spectral_snr(wav_ref, wavs), 3)
+        row["reason"] += (f"; waveform {row['wav_snr_db']:.1f} dB vs fp32, its STFT magnitude "
+                          f"{row['wav_spectral_snr_db']:.1f} dB (that mel through hift_f0, the host NSF source, "
+                          f"hift and the host iSTFT; reported, not gated)")
+    if hift_wavs:
+        row["hift_wav_snr_db"] = round(mel_snr(wav_ref, hift_wavs), 3)
+        row["hift_graph_wav_snr_db"] = round(mel_snr(wav_ref, graph_wavs), 3)
+        row["reason"] += (f"; the fp32 mel through the built hift_f0 + hift {row['hift_wav_snr_db']:.1f} dB, "
+                          f"with the fp32 f0 (the built hift alone) {row['hift_graph_wav_snr_db']:.1f} dB")
+    return row
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
@@ -72,6 +108,7 @@ def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
 
 
 T2W_GRAPHS = ("flow_encoder_chunk", "dit_step")
+HIFT_GRAPHS = ("hift_f0", "hift")
 
 
 def _mels(model, graphs, codes: list) -> list:
@@ -81,6 +118,15 @@ def _mels(model, graphs, codes: list) -> list:
     from .model import HELDOUT_SEED
 
     return [model.token2wav_mel(graphs, c, HELDOUT_SEED + 70 + i) for i, c in enumerate(codes) if len(c)]
+
+
+def _wavs(model, graphs, mels: list, f0_graphs=None) -> list:
+    """Each mel through the HiFT graphs and the host (the same source-noise seed per utterance as fp32's)."""
+    if not mels or not all(g in model.components() for g in HIFT_GRAPHS):
+        return []
+    from .model import HELDOUT_SEED
+
+    return [model.vocode(graphs, m, HELDOUT_SEED + 70 + i, f0_graphs) for i, m in enumerate(mels)]
 
 
 def mel_snr(refs, outs) -> float:

@@ -57,16 +57,21 @@ class MiniCPMO:
     dit: object = None                 # (DiTConfig, tensors) when the token2wav flow is present
     dit_path: Path | None = None
     encoder: object = None             # (EncoderConfig, tensors) when the flow has its encoder
+    hift: object = None                # (HiFTConfig, tensors) when token2wav's hift.safetensors is present
 
     def sizes(self) -> dict:
         c = self.cfg
-        return {"Mel": self.dit[0].mels if self.dit else 80, "M": int(self.options["mel-frames"]), "N": int(self.options["flow-tokens"]), "H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
+        h = self.hift[0] if self.hift else None
+        return {"Up": h.upsample if h else 480, "Hop": h.hop if h else 4, "NFFT": h.n_fft if h else 16,
+                "Bins": h.bins if h else 9, "Mel": self.dit[0].mels if self.dit else 80, "M": int(self.options["mel-frames"]), "N": int(self.options["flow-tokens"]), "H": c.hidden_size, "Hl": c.llm_dim, "L": c.num_hidden_layers, "KV": c.num_key_value_heads,
                 "HD": c.head_dim, "V": c.num_audio_tokens, "P": int(self.options["prefill-tokens"]),
                 "C": int(self.options["context-length"])}
 
     def components(self) -> tuple[str, ...]:
-        """The TTS head always; dit_step when the token2wav flow is present."""
-        have = {"dit_step": self.dit is not None, "flow_encoder_chunk": self.encoder is not None}
+        """The TTS head always; dit_step / flow_encoder_chunk / hift_f0 + hift when token2wav has them."""
+        vocoder = self.hift is not None
+        have = {"dit_step": self.dit is not None, "flow_encoder_chunk": self.encoder is not None,
+                "hift_f0": vocoder, "hift": vocoder}
         return tuple(c.name for c in RECIPE.components if have.get(c.name, True))
 
     @cached_property
@@ -110,6 +115,12 @@ class MiniCPMO:
             from .dit import dit_step
 
             return dit_step(*self.dit)
+        if component in ("hift_f0", "hift"):
+            if self.hift is None:
+                raise UsageError("this checkpoint has no token2wav HiFT vocoder (hift.safetensors)")
+            from . import hift
+
+            return getattr(hift, component)(*self.hift)
         return m.tts_step(self.cfg, self.tensors, self._backbone)
 
     def samples(self, component: str, kind: str) -> Samples:
@@ -172,6 +183,18 @@ class MiniCPMO:
         inputs["mu"][..., :n], inputs["mask"][..., :n] = mu, 1.0
         return self.flow(graphs, inputs)[..., :n]
 
+    def vocode(self, graphs, mel: np.ndarray, seed: int, f0_graphs=None) -> np.ndarray:
+        """mel [1, 80, n] (n <= --mel-frames) -> 24 kHz waveform [480 n] through hift_f0, the host NSF source,
+        hift and the host iSTFT. The window is padded to --mel-frames by repeating the last frame; the
+        source noise is seeded."""
+        from .vocoder import waveform
+
+        cfg, t = self.hift
+        m, n = int(self.options["mel-frames"]), mel.shape[-1]
+        padded = np.pad(mel[..., :m], ((0, 0), (0, 0), (0, max(m - n, 0))), mode="edge")
+        return waveform(graphs, padded, t["m_source.l_linear.weight"].numpy(), t["m_source.l_linear.bias"].numpy(),
+                        cfg, seed, frames=min(n, m), f0_graphs=f0_graphs)
+
     def heldout_flow_inputs(self) -> list[dict]:
         """The held-out flow-matching inputs (the same seeds the held-out dit_step samples came from)."""
         return [synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), HELDOUT_SEED + 50, pad=True)]
@@ -210,7 +233,10 @@ class MiniCPMO:
                                         min_new_tokens=HELDOUT_CODES if held else CALIBRATION_CODES)
                 gen = self.synthesize(cap, utt, opts)
                 if self.encoder is not None and self.dit is not None and len(gen.codes):
-                    self.token2wav_mel(cap, gen.codes, (HELDOUT_SEED if held else CALIBRATION_SEED) + 70 + i)
+                    seed = (HELDOUT_SEED if held else CALIBRATION_SEED) + 70 + i
+                    mel = self.token2wav_mel(cap, gen.codes, seed)
+                    if self.hift is not None:
+                        self.vocode(cap, mel, seed)
             if self.dit is not None and self.encoder is None:     # a flow without its encoder: synthetic mu
                 flows = self.heldout_flow_inputs() if held else [
                     synthetic_flow_inputs(self.dit[0].mels, int(self.options["mel-frames"]), CALIBRATION_SEED + 50 + i)
@@ -341,6 +367,10 @@ def _load_token2wav(model: MiniCPMO, checkpoint: Path, options: dict) -> None:
         raise UsageError(f"--flow-tokens must be >= 4 (the window holds 3 lookahead tokens), got {n}")
     model.dit, model.dit_path = t2w.load_dit(path), path
     model.encoder = t2w.load_encoder(path)
+    from .hift import hift_path, load_hift
+
+    hpath = hift_path(directory)
+    model.hift = load_hift(hpath) if hpath is not None else None
 
 
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
@@ -368,6 +398,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> MiniCPMO:
                   "weights": weight_files(checkpoint), "config": {"tts_config": cfg.to_json(),
                   "dit": model.dit[0].to_json() if model.dit else None,
                   "flow_encoder": model.encoder[0].to_json() if model.encoder else None,
+                  "hift": model.hift[0].to_json() if model.hift else None,
                   "token2wav": str(model.dit_path) if model.dit_path else None},
                   "options": {k: v for k, v in model.sizes().items() if k in ("P", "C")}}
     if options.get("calibration-hidden"):      # a bad file fails now, not after the other graphs

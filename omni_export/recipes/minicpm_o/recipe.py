@@ -43,8 +43,10 @@ Shape symbols: H TTS hidden, Hl LLM hidden, L layers, KV heads, HD head dim, V c
 per prefill / condition call, C KV cache slots; Mel mel bins (80), M mel frames per DiT call, N speech
 tokens per flow-encoder window.
 
-token2wav (token2wav.py, flow_encoder.py, dit.py): the flow encoder window and the DiT estimator step
-are built; the HiFT vocoder (mel -> waveform) is not built yet.
+token2wav (token2wav.py, flow_encoder.py, dit.py, hift.py, vocoder.py): the flow encoder window, the DiT
+estimator step and the HiFT vocoder (hift_f0: mel -> f0; hift: mel + host NSF source -> magnitude / phase;
+the source's float64 phase integral and the iSTFT run on the host). Up samples per mel frame (480),
+NFFT / Hop / Bins the iSTFT's (16 / 4 / 9).
 """
 from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
 
@@ -98,11 +100,28 @@ COMPONENTS = (
                 T("t_freq", (1, 256), F32, "sinusoidal features of 1000 t (host, float64)")),
         outputs=(T("velocity", (2, "Mel", "M"), F32, "row 0 conditional, row 1 unconditional"),),
         gates_db=_GATES, requires=("token2wav",)),
+    Component(
+        name="hift_f0",
+        doc="token2wav HiFT vocoder, F0 predictor: mel -> f0 per 50 Hz frame (the host integrates its phase in float64)",
+        inputs=(T("mel", (1, "Mel", "M"), F32, "50 Hz log-mel (the flow's output)"),),
+        outputs=(T("f0", (1, "M"), F32, "fundamental frequency in Hz (voiced above 10 Hz)"),),
+        gates_db=_GATES, requires=("token2wav",)),
+    Component(
+        name="hift",
+        doc="token2wav HiFT vocoder: mel + NSF source -> iSTFT magnitude and phase (host: source, iSTFT in float64)",
+        inputs=(T("mel", (1, "Mel", "M"), F32, "50 Hz log-mel (the flow's output)"),
+                T("source", (1, 1, "M*Up+NFFT"), F32,
+                  "NSF excitation at 24 kHz (host: float64 harmonic phase integral of hift_f0's f0, seeded "
+                  "noise, l_linear + tanh), reflect-padded by NFFT/2 each side")),
+        outputs=(T("magnitude", (1, "Bins", "M*Up//Hop+1"), F32, "iSTFT magnitude, exp(min(x, ln 100))"),
+                 T("phase", (1, "Bins", "M*Up//Hop+1"), F32, "iSTFT phase, sin(x) as upstream")),
+        gates_db=_GATES, requires=("token2wav",)),
 )
 
 RECIPE = Recipe(
     name="minicpm-o",
-    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode) and token2wav's flow encoder and DiT step",
+    doc="MiniCPM-o 4.5 voice path: TTS head (condition, Llama prefill / decode) and token2wav's flow encoder, DiT step "
+        "and HiFT vocoder",
     components=COMPONENTS,
     loader="omni_export.recipes.minicpm_o.model:load",
     tiny="omni_export.recipes.minicpm_o.checkpoint:write_checkpoint",
@@ -119,10 +138,11 @@ RECIPE = Recipe(
                      "float arrays, each with NAME.ids.npy [tokens] (the spoken token ids); default: "
                      "seeded synthetic hidden states"),
         RecipeOption("flow-tokens", int, 100, "flow_encoder_chunk: speech tokens per window (N; 25 Hz, 100 = 4 s)"),
-        RecipeOption("mel-frames", int, 200, "dit_step: mel frames per call (M; 50 Hz, so 200 = 4 s)"),
+        RecipeOption("mel-frames", int, 200, "dit_step, hift_f0, hift: mel frames per call (M; 50 Hz, so 200 = 4 s)"),
         RecipeOption("flow-steps", int, 10, "token2wav: Euler steps of the flow-matching solver (upstream: 10)"),
         RecipeOption("token2wav", str, None,
-                     "token2wav directory holding flow.safetensors (flow.pt converted; pickles are never read); "
+                     "token2wav directory holding flow.safetensors and hift.safetensors (flow.pt / hift.pt "
+                     "converted; pickles are never read); "
                      "default: CHECKPOINT/assets/token2wav"),
         RecipeOption("random-weights", bool, False,
                      "ignore --checkpoint; write a seeded checkpoint at MiniCPM-o 4.5's TTS shapes (measuring only)"),

@@ -1,5 +1,5 @@
-"""`omni-export synth minicpm-o`: LLM hidden states -> 25 Hz speech codes through the fp32 TTS head or
-a build's graphs. Only click and the standard library load with the module (the CLI lists it
+"""`omni-export synth minicpm-o`: LLM hidden states -> 25 Hz speech codes (-> mel -> 24 kHz WAV) through the
+fp32 graphs or a build's graphs. Only click and the standard library load with the module (the CLI lists it
 without importing torch); the work happens in `run`.
 """
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-HELP = """Generate MiniCPM-o 4.5 speech codes (one codebook, 25 Hz) from an LLM's hidden states, through
-the fp32 TTS head or through the exported graphs of a build (--build OUT --runner ort|htp|pte).
+HELP = """Generate MiniCPM-o 4.5 speech from an LLM's hidden states: codes (one codebook, 25 Hz), mel and a
+24 kHz WAV, through the fp32 graphs or the exported graphs of a build (--build OUT --runner ort|htp|pte).
 
 \b
   omni-export synth minicpm-o --checkpoint DIR --hidden-states h.npy --text-ids ids.npy --codes-out c.npy
-  omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --codes-out c.npy
+  omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --wav out.wav
       (no --hidden-states: a seeded synthetic utterance, for the demo)
 
 --hidden-states is the LLM's last hidden states [tokens, llm_dim] for the spoken tokens (.npy),
@@ -22,7 +22,8 @@ the fp32 TTS head or through the exported graphs of a build (--build OUT --runne
 tts_config (temperature 0.8, top-k 25, top-p 0.85, repetition penalty 1.05; EOS masked for the first
 --min-new-tokens codes); --greedy picks the best code. --mel-out runs the codes on through token2wav's
 flow encoder and DiT solver (no voice prompt; up to --mel-frames / 2 codes) and saves the 50 Hz mel;
-the HiFT vocoder (mel -> waveform) is not built yet, so there is no WAV output.
+--wav runs that mel through the HiFT vocoder (hift_f0, the host's NSF source, hift, the host's
+iSTFT) and writes 16-bit PCM at 24 kHz.
 """
 
 
@@ -48,6 +49,8 @@ def options() -> list:
         o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [n] (.npy, int64)"),
         o(["--mel-out"], type=click.Path(), default=None,
           help="also run token2wav's flow encoder and DiT solver and save the mel [80, frames] (.npy)"),
+        o(["--wav"], type=click.Path(), default=None,
+          help="also run the mel through token2wav's HiFT vocoder and write a 24 kHz 16-bit WAV"),
         o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
     ]
 
@@ -80,27 +83,40 @@ def _run(model, build, kw) -> dict:
                              min_new_tokens=kw["min_new_tokens"], temperature=pick("temperature", c.temperature),
                              top_k=pick("top_k", c.top_k), top_p=pick("top_p", c.top_p),
                              repetition_penalty=pick("repetition_penalty", c.repetition_penalty))
-    mel = None
+    mel = wav = None
+    if kw.get("wav") and "hift" not in model.components():
+        raise UsageError("--wav needs token2wav's HiFT vocoder (hift.safetensors beside flow.safetensors; convert "
+                         "hift.pt, pickles are never read)")
     try:
         gen = model.synthesize(graphs, utt, opts)
-        if kw.get("mel_out"):
+        if kw.get("mel_out") or kw.get("wav"):
             if not all(g in model.components() for g in ("flow_encoder_chunk", "dit_step")):
-                raise UsageError("--mel-out needs the token2wav flow (flow.safetensors with the encoder and DiT)")
-            mel = model.token2wav_mel(graphs, gen.codes, kw.get("seed") or 0)[0]
+                raise UsageError("--mel-out / --wav need the token2wav flow (flow.safetensors with the encoder and DiT)")
+            if not len(gen.codes):
+                raise UsageError("no speech codes were generated (EOS first); nothing to vocode")
+            mel = model.token2wav_mel(graphs, gen.codes, kw.get("seed") or 0)
+            if kw.get("wav"):
+                wav = model.vocode(graphs, mel, kw.get("seed") or 0)
+            mel = mel[0]
     finally:
         if build:
             graphs.close()
     if kw.get("codes_out"):
         Path(kw["codes_out"]).parent.mkdir(parents=True, exist_ok=True)
         np.save(kw["codes_out"], gen.codes.astype(np.int64))
-    if mel is not None:
+    if mel is not None and kw.get("mel_out"):
         Path(kw["mel_out"]).parent.mkdir(parents=True, exist_ok=True)
         np.save(kw["mel_out"], mel.astype(np.float32))
+    if wav is not None:
+        from ..qwen3_tts.synth import write_wav
+
+        write_wav(Path(kw["wav"]), wav, model.hift[0].sampling_rate)
     where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
     return {"codes": int(len(gen.codes)), "seconds": round(len(gen.codes) / 25.0, 3), "stopped": gen.stopped,
             "utterance": utt.name, "graphs": where, "checkpoint": str(model.path), "label": model.info["label"],
             "codes_out": kw.get("codes_out"), "mel_out": kw.get("mel_out"),
-            "mel_frames": int(mel.shape[-1]) if mel is not None else None}
+            "mel_frames": int(mel.shape[-1]) if mel is not None else None, "wav": kw.get("wav"),
+            "wav_seconds": round(len(wav) / model.hift[0].sampling_rate, 3) if wav is not None else None}
 
 
 def _utterance(model, kw):

@@ -5,8 +5,9 @@ Layout: MiniCPM-o 4.5 keeps token2wav beside the checkpoint (assets/token2wav/: 
 hift.pt, campplus.onnx, speech_tokenizer_v2_25hz.onnx). The .pt files are pickles, which omni-export
 never opens: convert flow.pt once to flow.safetensors with the same state-dict names, e.g.
   python -c "import torch, safetensors.torch as s; s.save_file(torch.load('flow.pt', weights_only=True), 'flow.safetensors')"
-Only the DiT estimator ("decoder.estimator.*", CausalMaskedDiffWithXvec.decoder = CausalConditionalCFM)
-is read so far; its geometry is read from the tensor shapes (the yaml is hyperpyyaml with object
+hift.pt likewise becomes hift.safetensors (read by hift.py). From the flow, the encoder and the DiT
+estimator ("decoder.estimator.*", CausalMaskedDiffWithXvec.decoder = CausalConditionalCFM) are read; the
+estimator's geometry is read from the tensor shapes (the yaml is hyperpyyaml with object
 tags, never executed): hidden 512, 16 blocks, 8 heads of 64, in 320 = x|mu|spks|cond (4 x 80 mels)
 in the released flow.
 
