@@ -29,8 +29,10 @@ class Built:
 class Lowering:
     """Per (traced graph, target): memoised intermediate graphs in `work`."""
 
-    def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = ()):
+    def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = (),
+                 headroom: dict | None = None):
         self.traced, self.target, self.work = traced, target, work
+        self.headroom = dict(headroom or {})      # {Precision: fraction}: the component's override
         self.rewrites = tuple(rewrites)
         self.rewrite_report: list[dict] = []
         self._program = None
@@ -78,7 +80,7 @@ class Lowering:
             if not self.traced.calibration:
                 raise ValueError(f"{precision.value} needs calibration inputs; none were captured")
             path = ox.quantize_qdq(self.onnx(Precision.FP32), self.work / f"{key}.qdq.onnx",
-                                   self.traced.calibration, precision)
+                                   self.traced.calibration, precision, self.headroom.get(precision))
         self._onnx[key] = path
         return path
 
@@ -149,6 +151,9 @@ class Lowering:
                            "w8a8": "QDQ: uint8 per-channel weights, uint8 activations (MinMax)",
                            "w4a16": "QDQ: int4 symmetric per-channel weights, uint16 activations (MinMax)"}[p.value]
             d["calibration_samples"] = len(self.traced.calibration)
+            from .onnx import HEADROOM
+
+            d["activation_headroom"] = self.headroom.get(p, HEADROOM[p])
         elif p == Precision.FP16:
             d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp32 ONNX" if qnn
                            else "fp16 weights and compute, fp32 I/O (Cast at the edges)")
