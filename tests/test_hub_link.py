@@ -113,3 +113,23 @@ def test_a_linked_graph_under_the_gate_on_the_device_is_rejected(hub, out):
     assert {g: r["parity"]["verdict"] for g, r in rec["graphs"].items()} == {"prefill": "rejected",
                                                                             "decode": "rejected"}
     assert "under the gate on the device" in r.stdout
+
+
+def test_every_link_group_names_components_of_its_recipe():
+    from omni_export.recipes import REGISTRY, get_recipe
+
+    groups = [(name, g) for name in REGISTRY for g in get_recipe(name).links]
+    assert ("spark", "prefill+decode") in [(n, g.name) for n, g in groups]
+    for name, g in groups:
+        comps = {c.name for c in get_recipe(name).components}
+        assert len(g.components) >= 2 and set(g.components) <= comps, (name, g)
+
+
+def test_link_plan_leaves_out_a_group_with_a_member_missing():
+    from omni_export.core import LinkGroup
+    from omni_export.hub.routes import Route, link_plan
+
+    r = Route("prefill/dlc/w8a16", "n", "prefill", "dlc", "w8a16", "qnn_dlc", "npu", "w8a16", graph="prefill")
+    routes, left = link_plan([r], (LinkGroup("prefill+decode", ("prefill", "decode")),))
+    assert routes == [] and left[0]["key"] == "link:prefill+decode/w8a16"
+    assert "decode/dlc/w8a16" in left[0]["reason"]
