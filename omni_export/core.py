@@ -131,6 +131,9 @@ class Component:
     # the exporter's default (exporters/onnx.py HEADROOM). Headroom absorbs held-out activations outside
     # the calibrated ranges but widens every quantization step; which wins depends on the graph.
     activation_headroom: Mapping[Precision, float] = field(default_factory=dict)
+    # QDQ builds: lower every linear (MatMul by a constant weight) as a 1x1 Conv so its weights are
+    # quantized per output channel (the QNN EP quantizes MatMul weights per tensor); exporters/onnx.py.
+    per_channel_linears: bool = False
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

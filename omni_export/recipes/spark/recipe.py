@@ -42,7 +42,8 @@ def _step(name: str, p, doc: str) -> Component:
                  T("hidden", (1, p, "H"), F32, "final-norm hidden state"),
                  *kv("new_swa", p, "Ls", "new tokens' K/V; the host writes slot position mod W"),
                  *kv("new_full", p, "Lf", "new tokens' K/V; the host writes slot = position")),
-        gates_db=GATES, logits=("logits",), requires=("model",), activation_headroom=HEADROOM)
+        gates_db=GATES, logits=("logits",), requires=("model",), activation_headroom=HEADROOM,
+        per_channel_linears=True)
 
 
 COMPONENTS = (
