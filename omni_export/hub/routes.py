@@ -148,7 +148,8 @@ def link_plan(routes: list[Route], links: tuple) -> tuple[list[LinkRoute], list[
     for g in links:
         for p in precisions:
             keys = tuple(f"{c}/{Format.DLC.value}/{p}" for c in g.components)
-            missing = [k for k in keys if k not in by_key or by_key[k].runtime != "qnn_dlc"]
+            missing = [k for k in keys if k not in by_key or by_key[k].runtime != "qnn_dlc"
+                       or by_key[k].compute_unit != "npu"]         # a context binary is an HTP one
             key = f"link:{g.name}/{p}"
             if len(missing) == len(keys):
                 continue
