@@ -73,6 +73,12 @@ def test_prefill_and_decode_dlcs_are_linked_and_each_graph_profiled(hub, out):
     assert s["state"] == "done" and set(s["graphs"]) == {"prefill", "decode"}
     assert all(g["min_snr_db"] >= 40 and g["verdict"] == "accepted" for g in s["graphs"].values())
     assert LINK in (out / "report.md").read_text()
+    import jsonschema
+
+    from test_hub import SCHEMAS
+    jsonschema.validate(json.loads((out / "parity.json").read_text()),
+                        json.loads((SCHEMAS / "parity.schema.json").read_text()))
+    jsonschema.validate(m, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
     # a rerun submits nothing again
     before = len(fake_hub.calls(hub["state"], "create_link_job"))
     assert cli("hub", "submit", str(out)).exit_code == 0
