@@ -197,13 +197,16 @@ class _Reader:
 # A recipe sets its own per component (Component.activation_headroom): on the HTP simulator an
 # activation x activation MatMul loses precision in proportion to its operands' ranges (Spark's
 # attention Q.K^T: 40.7 dB in, 33.5 dB out with this headroom, 37.4 dB without; ORT CPU loses
-# nothing there), so Spark's graphs score 1.8-2 dB higher without it.
+# nothing there; a lone 16-bit x 16-bit MatMul scores ~40 dB on the simulator, 78 dB on ORT CPU).
+# Spark uses 0.1 (docs/spark.md: +2.2 dB on both graphs over 0.5 on the demo; 0 clips held-out calls).
 HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
                  headroom: float | None = None, per_channel_linears: bool = False) -> Path:
-    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) per-channel weights,
+    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) weights (per channel
+    for Conv; per tensor for MatMul, which the QNN EP cannot take per channel, unless
+    `per_channel_linears` lowers the linears as 1x1 Conv first),
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
     (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them."""
     from onnxruntime.quantization import QuantType, quantize

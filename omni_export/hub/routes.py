@@ -28,7 +28,7 @@ from ..artifacts.inputs import source_key
 from ..core import Format, Precision, Target
 
 QUANTIZE_DTYPES = {"w8a16": ("INT8", "INT16"), "w8a8": ("INT8", "INT8"), "w4a16": ("INT4", "INT16")}
-LOCAL_QDQ = "local QDQ (onnxruntime QNN config: uint8 per-channel weights, MinMax calibration)"
+LOCAL_QDQ = "local QDQ (onnxruntime QNN config: uint8 weights, per channel for Conv, MinMax calibration)"
 
 
 @dataclass(frozen=True)
