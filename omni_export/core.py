@@ -127,6 +127,13 @@ class Component:
     # {format value: why}: formats built only when named in --formats (the default plan skips them
     # and records the reason), for graphs whose lowering in that format costs far more than it is worth.
     opt_in_formats: Mapping[str, str] = field(default_factory=dict)
+    # {precision: fraction}: 16-bit activation range headroom for this graph's QDQ builds, overriding
+    # the exporter's default (exporters/onnx.py HEADROOM). Headroom absorbs held-out activations outside
+    # the calibrated ranges but widens every quantization step; which wins depends on the graph.
+    activation_headroom: Mapping[Precision, float] = field(default_factory=dict)
+    # QDQ builds: lower every linear (MatMul by a constant weight) as a 1x1 Conv so its weights are
+    # quantized per output channel (the QNN EP quantizes MatMul weights per tensor); exporters/onnx.py.
+    per_channel_linears: bool = False
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])
@@ -162,6 +169,16 @@ class RealTime:
 
 
 @dataclass(frozen=True)
+class LinkGroup:
+    """Components whose device builds AI Hub links into one QNN context binary with shared weights
+    (`submit_link_job` over their compiled DLCs), e.g. an LLM's prefill and decode graphs over the
+    same weights. Each member is a graph of the linked binary, named after its component."""
+    name: str
+    components: tuple[str, ...]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A model family's page: components, options and where its loader lives (imported lazily)."""
     name: str
@@ -175,6 +192,7 @@ class Recipe:
     options: tuple[RecipeOption, ...] = ()
     version: str = "1"                       # bump when graphs change (part of build cache keys)
     realtime: RealTime | None = None         # per unit of output: which graphs run how often
+    links: tuple[LinkGroup, ...] = ()        # graphs linked into one context binary on AI Hub
 
     def component(self, name: str) -> Component:
         for c in self.components:

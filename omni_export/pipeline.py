@@ -300,7 +300,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
     crash_point("traced")
     timings["trace_s"] = round(time.time() - t0, 3)
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
-                        rewrites=_rewrites(opts))
+                        rewrites=_rewrites(opts), headroom=component.activation_headroom,
+                        per_channel_linears=component.per_channel_linears)
     with RunPool(opts.jobs) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
@@ -458,7 +459,10 @@ def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -
     with progress.stage(f"{traced.name}: capture block activations"):
         blocks = trace_blocks(traced, heldout_limit=ATTRIBUTION_SAMPLES)
     lowerings = [Lowering(b, opts.target, store.root / ".staging" / "work" / traced.name / f"block{i}",
-                          rewrites=_rewrites(opts)) for i, b in enumerate(blocks)]
+                          rewrites=_rewrites(opts),
+                          headroom=opts.recipe.component(traced.name).activation_headroom,
+                          per_channel_linears=opts.recipe.component(traced.name).per_channel_linears)
+                 for i, b in enumerate(blocks)]
     jobs = {}
     for p in precisions:
         rows = []

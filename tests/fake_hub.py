@@ -18,7 +18,7 @@ State lives in the directory $FAKE_HUB_STATE, so a killed run and its rerun see 
   blobs/         uploaded models, datasets, job outputs
 
 Rules (each a dict; every rule whose "match" fits applies, later keys win):
-  match: {"type": compile|quantize|inference, "name": fnmatch glob on the job name}
+  match: {"type": compile|quantize|inference|link, "name": fnmatch glob on the job name}
   polls: status polls a job spends in its in-progress states (default 2)
   hang: true            never finishes (until the rule is removed from scenario.json)
   fail: "message"       finishes FAILED with this message ("{token}" is replaced by the caller's
@@ -34,6 +34,13 @@ network is down for them), e.g. ["get_device_list"] or ["get_job"].
 Top-level "kill_after_create": "inference" (or another kind) ends the calling process with
 os._exit(137) right after the first such job is created, before its id is returned (a kill
 mid-submission; fires once).
+
+Link jobs (submit_link_job): every input model must be a ready QNN DLC (a compile job's target);
+each becomes a graph of the linked QNN context binary, named by the `--qnn_options
+context_enable_graphs=NAME` its compile job was given (the convention of qai_hub's
+submit_compile_and_link_jobs), else by the model's name; duplicate graph names fail the job. An
+inference job on a linked binary with more than one graph must select one with `--qnn_options
+context_enable_graphs=NAME` (as the client's docstring says), else it fails; it runs that graph.
 
 What the fake computes: outputs by running the uploaded ONNX (or, after a quantize job, a QDQ
 model made with ONNX Runtime's static quantization on the uploaded calibration set) on ONNX
@@ -93,7 +100,9 @@ INFERENCE_OPTIONS = {
     "--max_profiler_time": "int", "--dequantize_outputs": None, "--qnn_options": "any",
     "--onnx_execution_providers": "any", "--tflite_delegates": "any",
 }
+LINK_OPTIONS = {"--qnn_options": "any"}
 IN_PROGRESS = {"compile": ["JOB_STATE_CREATED", "JOB_STATE_OPTIMIZING_MODEL"],
+               "link": ["JOB_STATE_CREATED", "JOB_STATE_LINKING_MODELS"],
                "quantize": ["JOB_STATE_CREATED", "JOB_STATE_QUANTIZING_MODEL"],
                "inference": ["JOB_STATE_CREATED", "JOB_STATE_PROVISIONING_DEVICE", "JOB_STATE_MEASURING_PERFORMANCE"]}
 
@@ -135,7 +144,7 @@ def _endpoint(server: "Server", name: str):
 
 IMPLEMENTED = ("get_device_list", "get_framework_list", "create_and_upload_model", "get_model", "download_model",
                "create_and_upload_dataset", "get_dataset", "download_dataset", "create_compile_job",
-               "create_quantize_job", "create_inference_job", "get_job", "get_job_results",
+               "create_quantize_job", "create_inference_job", "create_link_job", "get_job", "get_job_results",
                "get_job_summary_list", "get_auth_user")
 
 
@@ -305,7 +314,8 @@ class Server:
         dest = str(file_path) if str(file_path).endswith(ext) else str(file_path) + ext
         if m["producer"]:          # a compiled model: the fake cannot compile, it says so inside
             header = json.dumps({"fake_ai_hub": "not a real compiled model", "runtime": m.get("runtime"),
-                                 "source_model": m.get("source"), "qairt": m.get("qairt")}).encode()
+                                 "source_model": m.get("source"), "qairt": m.get("qairt"),
+                                 "graphs": sorted(m.get("graphs") or {}) or None}).encode()
             if ext == ".onnx.zip":
                 with zipfile.ZipFile(dest, "w") as z:
                     z.writestr("model/FAKE_AI_HUB.json", header)
@@ -433,7 +443,8 @@ class Server:
                                 "ready": False, "runtime": runtime, "source": mid,
                                 "fp16": opts.get("--quantize_full_type") == "float16",
                                 "io_fp16": opts.get("--quantize_full_type") == "float16" and "--quantize_io" in opts,
-                                "qairt": opts.get("--qairt_version"), "compute_unit": opts.get("--compute_unit")}
+                                "qairt": opts.get("--qairt_version"), "compute_unit": opts.get("--compute_unit"),
+                                "graph": _graph_option(opts.get("--qnn_options"))}
         self._http_error(db, "compile", name, after=True)
         return pb.CreateUpdateResponse(id=jid, creation_time=_ts(time.time()))
 
@@ -481,6 +492,34 @@ class Server:
         self._http_error(db, "inference", name, after=True)
         return pb.CreateUpdateResponse(id=jid, creation_time=_ts(time.time()))
 
+    def create_link_job(self, db, token, link_job_pb, project_id=None):
+        from qai_hub import public_api_pb2 as pb
+
+        name = link_job_pb.name
+        self._http_error(db, "link", name, after=False)
+        mids = [m.model_id for m in link_job_pb.models.models]
+        if not mids:
+            raise self._bad("a link job takes at least one model")
+        for mid in mids:
+            m = db["models"].get(mid)
+            if m is None:
+                raise self._missing("Model", mid)
+            if _type_name(m["type"]) != "MODEL_TYPE_QNN_DLC":
+                raise self._bad(f"model {mid} is not a QNN DLC model; a link job links QNN DLC models")
+            if not m["ready"]:
+                raise self._bad(f"model {mid} is not ready: its compile job has not finished")
+        opts = self._options(link_job_pb.options, LINK_OPTIONS)
+        target = self._new_id(db, "m")
+        device = {"name": link_job_pb.device.name, "os": link_job_pb.device.os}
+        jid = self._job(db, "link", name, models=mids, options=link_job_pb.options, opts=opts, device=device,
+                        target=target, token=token)
+        db["models"][target] = {"id": target, "name": name, "type": pb.ModelType.Value("MODEL_TYPE_QNN_CONTEXT_BINARY"),
+                                "file": None, "onnx": None, "producer": jid, "created": int(time.time()),
+                                "ready": False, "runtime": "qnn_context_binary", "source": mids,
+                                "qairt": db["models"][mids[0]].get("qairt"), "compute_unit": "npu"}
+        self._http_error(db, "link", name, after=True)
+        return pb.CreateUpdateResponse(id=jid, creation_time=_ts(time.time()))
+
     def get_job(self, db, token, job_id):
         j = db["jobs"].get(job_id)
         if j is None:
@@ -518,6 +557,17 @@ class Server:
         onnx.checker.check_model(src["onnx"])
         db["models"][j["target"]]["ready"] = True
 
+    def _run_link(self, db, j: dict, rules: dict) -> None:
+        graphs = {}
+        for mid in j["models"]:
+            m = db["models"][mid]
+            name = m.get("graph") or m["name"]
+            if name in graphs:
+                raise ValueError(f"two input models define the graph '{name}'; graph names must be unique")
+            graphs[name] = {"onnx": m["onnx"], "fp16": m.get("fp16", False), "io_fp16": m.get("io_fp16", False),
+                            "source": mid}
+        db["models"][j["target"]].update({"ready": True, "graphs": graphs})
+
     def _run_quantize(self, db, j: dict, rules: dict) -> None:
         from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -539,10 +589,26 @@ class Server:
                         extra_options={"UseQDQContribOps": act == QuantType.QUInt16})
         db["models"][j["target"]].update({"ready": True, "onnx": str(out), "file": str(out)})
 
+    @staticmethod
+    def _graph_of(model: dict, j: dict) -> dict:
+        """The model an inference job runs: a linked binary's graph selected by context_enable_graphs."""
+        graphs = model.get("graphs")
+        if not graphs:
+            return model
+        want = _graph_option(j.get("opts", {}).get("--qnn_options"))
+        if want is None and len(graphs) == 1:
+            want = next(iter(graphs))
+        if want is None:
+            raise ValueError(f"the context binary holds {len(graphs)} graphs ({', '.join(graphs)}); select one "
+                             f"with --qnn_options context_enable_graphs=<graph name>")
+        if want not in graphs:
+            raise ValueError(f"the context binary has no graph '{want}' (it holds {', '.join(graphs)})")
+        return {**model, **graphs[want]}
+
     def _run_inference(self, db, j: dict, rules: dict) -> None:
         import onnxruntime as ort
 
-        model = db["models"][j["model"]]
+        model = self._graph_of(db["models"][j["model"]], j)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         sess = ort.InferenceSession(model["onnx"], so, providers=["CPUExecutionProvider"])
@@ -598,6 +664,14 @@ class Server:
         from qai_hub import public_api_pb2 as pb
 
         state = pb.JobState.Value(j["state"])
+        if j["kind"] == "link":
+            models = pb.ModelList(models=[self._model_pb(db, m) for m in j["models"]],
+                                  total_query_count=len(j["models"]))
+            job = pb.LinkJob(link_job_id=j["id"], name=j["name"], job_state=state, failure_reason=j["message"],
+                             creation_time=_ts(j["created"]), options=j["options"], models=models,
+                             device=pb.Device(name=j["device"]["name"], os=j["device"]["os"]))
+            job.target_model.CopyFrom(self._model_pb(db, j["target"]))
+            return pb.Job(link_job=job)
         common = {"name": j["name"], "job_state": state, "failure_reason": j["message"],
                   "creation_time": _ts(j["created"]), "model": self._model_pb(db, j["model"])}
         if j["kind"] == "compile":
@@ -619,7 +693,8 @@ class Server:
             job.dataset.CopyFrom(self.get_dataset(db, None, j["dataset"]))
         if j["state"] == "JOB_STATE_DONE":
             job.execution_time = j["profile_data"]["time"]
-            ins, _ = _onnx_io(db["models"][j["model"]]["onnx"], db["models"][j["model"]].get("io_fp16", False))
+            ran = self._graph_of(db["models"][j["model"]], j)
+            ins, _ = _onnx_io(ran["onnx"], ran.get("io_fp16", False))
             job.tensor_type_list.CopyFrom(_tensor_list(ins))
         return pb.Job(inference_job=job)
 
@@ -652,7 +727,7 @@ class Server:
         from qai_hub import public_api_pb2 as pb
 
         kinds = {pb.JobType.Value("JOB_TYPE_COMPILE"): "compile", pb.JobType.Value("JOB_TYPE_QUANTIZE"): "quantize",
-                 pb.JobType.Value("JOB_TYPE_INFERENCE"): "inference"}
+                 pb.JobType.Value("JOB_TYPE_INFERENCE"): "inference", pb.JobType.Value("JOB_TYPE_LINK"): "link"}
         want = kinds.get(job_type)
         jobs = sorted((j for j in db["jobs"].values() if want is None or j["kind"] == want),
                       key=lambda j: j["id"], reverse=True)[offset:offset + (limit or 50)]
@@ -665,10 +740,21 @@ class Server:
                     device_name=j["device"]["name"], **common)))
             elif j["kind"] == "quantize":
                 out.job_summaries.append(pb.JobSummary(quantize_job_summary=pb.QuantizeJobSummary(**common)))
+            elif j["kind"] == "link":
+                out.job_summaries.append(pb.JobSummary(link_job_summary=pb.LinkJobSummary(
+                    device_name=j["device"]["name"], **common)))
             else:
                 out.job_summaries.append(pb.JobSummary(inference_job_summary=pb.InferenceJobSummary(
                     device_name=j["device"]["name"], is_profiling_on=j["profile"], **common)))
         return out
+
+
+def _graph_option(qnn_options: str | None) -> str | None:
+    """NAME from --qnn_options "context_enable_graphs=NAME" (other QNN options are ignored)."""
+    for item in (qnn_options or "").replace(";", " ").replace(",", " ").split():
+        if item.startswith("context_enable_graphs="):
+            return item.split("=", 1)[1]
+    return None
 
 
 def _ts(seconds: float):

@@ -29,8 +29,11 @@ class Built:
 class Lowering:
     """Per (traced graph, target): memoised intermediate graphs in `work`."""
 
-    def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = ()):
+    def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = (),
+                 headroom: dict | None = None, per_channel_linears: bool = False):
         self.traced, self.target, self.work = traced, target, work
+        self.headroom = dict(headroom or {})      # {Precision: fraction}: the component's override
+        self.per_channel_linears = per_channel_linears
         self.rewrites = tuple(rewrites)
         self.rewrite_report: list[dict] = []
         self._program = None
@@ -78,7 +81,8 @@ class Lowering:
             if not self.traced.calibration:
                 raise ValueError(f"{precision.value} needs calibration inputs; none were captured")
             path = ox.quantize_qdq(self.onnx(Precision.FP32), self.work / f"{key}.qdq.onnx",
-                                   self.traced.calibration, precision)
+                                   self.traced.calibration, precision, self.headroom.get(precision),
+                                   self.per_channel_linears)
         self._onnx[key] = path
         return path
 
@@ -145,10 +149,18 @@ class Lowering:
 
         d = {"opset": OPSET, "rewrites": self.rewrite_report}
         if p.quantized:
-            d["scheme"] = {"w8a16": "QDQ: uint8 per-channel weights, uint16 activations (MinMax)",
-                           "w8a8": "QDQ: uint8 per-channel weights, uint8 activations (MinMax)",
-                           "w4a16": "QDQ: int4 symmetric per-channel weights, uint16 activations (MinMax)"}[p.value]
+            # Per channel for Conv weights; MatMul weights are per tensor (the QNN EP has no per-channel
+            # MatMul) unless the component lowers its linears as Conv (per_channel_linears).
+            d["scheme"] = {"w8a16": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint16 activations (MinMax)",
+                           "w8a8": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint8 activations (MinMax)",
+                           "w4a16": "QDQ: int4 symmetric weights (Conv per channel, MatMul per tensor), uint16 activations "
+                                    "(MinMax)"}[p.value]
             d["calibration_samples"] = len(self.traced.calibration)
+            from .onnx import HEADROOM
+
+            d["activation_headroom"] = self.headroom.get(p, HEADROOM[p])
+            if self.per_channel_linears:
+                d["scheme"] += "; linears as 1x1 Conv: per-output-channel weights"
         elif p == Precision.FP16:
             d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp32 ONNX" if qnn
                            else "fp16 weights and compute, fp32 I/O (Cast at the edges)")

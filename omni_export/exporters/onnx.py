@@ -194,13 +194,21 @@ class _Reader:
 # held-out embedding sums (codes never drawn in calibration) clipped at the first quantizer and
 # the graph scored 14.2 dB; with the span doubled, 36.1 dB. 16 bits leave ~90 dB of resolution,
 # so the 6 dB the headroom costs is not seen. 8-bit activations have no such margin: MinMax as is.
+# A recipe sets its own per component (Component.activation_headroom): on the HTP simulator an
+# activation x activation MatMul loses precision in proportion to its operands' ranges (Spark's
+# attention Q.K^T: 40.7 dB in, 33.5 dB out with this headroom, 37.4 dB without; ORT CPU loses
+# nothing there; a lone 16-bit x 16-bit MatMul scores ~40 dB on the simulator, 78 dB on ORT CPU).
+# Spark uses 0.1 (docs/spark.md: +2.2 dB on both graphs over 0.5 on the demo; 0 clips held-out calls).
 HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 
-def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision) -> Path:
-    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) per-channel weights,
+def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
+                 headroom: float | None = None, per_channel_linears: bool = False) -> Path:
+    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) weights (per channel
+    for Conv; per tensor for MatMul, which the QNN EP cannot take per channel, unless
+    `per_channel_linears` lowers the linears as 1x1 Conv first),
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
-    (captured real inputs; never dummies), with HEADROOM around them."""
+    (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -210,18 +218,74 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
            Precision.W4A16: QuantType.QUInt16}[precision]
     weight = QuantType.QInt4 if precision == Precision.W4A16 else QuantType.QUInt8
     logging.getLogger().setLevel(logging.ERROR)   # ORT prints pre-processing advice at WARNING
+    if per_channel_linears:
+        src = linears_as_conv(src, dst.with_name(dst.name.replace(".onnx", "") + ".conv.onnx"))
     # the path, not a loaded model: the config reads the graph only (weights may be external)
     cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act,
                              weight_type=weight, per_channel=True)
-    if HEADROOM[precision]:
+    headroom = HEADROOM[precision] if headroom is None else float(headroom)
+    if headroom:
         overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
         for name, (lo, hi) in activation_ranges(src, calibration, dst.parent).items():
             if name not in overrides:             # ranges the QNN config fixes (e.g. sigmoid) stay
-                pad = HEADROOM[precision] * (hi - lo)
+                pad = headroom * (hi - lo)
                 overrides[name] = [{"rmin": np.float32(lo - pad), "rmax": np.float32(hi + pad)}]
         cfg.extra_options["TensorQuantOverrides"] = overrides
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize(str(src), str(dst), cfg)
+    return dst
+
+
+def linears_as_conv(src: Path, dst: Path) -> Path:
+    """Every MatMul by a constant 2-D weight [in, out] as a 1x1 Conv over [1, in, 1, T] (T = the
+    flattened leading dims), between Reshape/Transpose pairs; the MatMul's output name is kept.
+
+    Why: the QNN EP quantizes MatMul weights per tensor (QNN has no per-channel MatMul; onnxruntime's
+    get_qnn_qdq_config forces per-tensor even with per_channel=True), Conv weights per output
+    channel. Tokens go in the spatial axis: batching them (N = T) broke the quantized prefill on the
+    HTP simulator (7.7 dB logits, 30.5 on ORT CPU) where this layout scores 27.9 dB."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    model = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    nodes, k = [], 0
+
+    def const(name, values):
+        g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        out_shape = shapes.get(n.output[0], [])
+        if w is None or len(w.dims) != 2 or not out_shape or 0 in out_shape:
+            nodes.append(n)
+            continue
+        k += 1
+        weight = numpy_helper.to_array(w)                          # [in, out]
+        fan_in, fan_out = weight.shape
+        conv_w = f"{w.name}.conv{k}"
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T[:, :, None, None]), conv_w))
+        t = [f"{n.output[0]}.lc{k}.{x}" for x in ("x2", "xt", "x4", "y4", "y2", "yt")]
+        nodes += [helper.make_node("Reshape", [n.input[0], const(f"lc{k}.s1", [-1, fan_in])], [t[0]]),
+                  helper.make_node("Transpose", [t[0]], [t[1]], perm=[1, 0]),
+                  helper.make_node("Reshape", [t[1], const(f"lc{k}.s2", [1, fan_in, 1, -1])], [t[2]]),
+                  helper.make_node("Conv", [t[2], conv_w], [t[3]], kernel_shape=[1, 1],
+                                   name=(n.name or f"linear{k}") + ".conv"),
+                  helper.make_node("Reshape", [t[3], const(f"lc{k}.s3", [fan_out, -1])], [t[4]]),
+                  helper.make_node("Transpose", [t[4]], [t[5]], perm=[1, 0]),
+                  helper.make_node("Reshape", [t[5], const(f"lc{k}.s4", out_shape)], [n.output[0]])]
+    del g.node[:]
+    g.node.extend(nodes)
+    used = {i for n in g.node for i in n.input}
+    keep = [i for i in g.initializer if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    _save(model, dst)
     return dst
 
 

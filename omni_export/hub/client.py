@@ -231,7 +231,7 @@ class Hub:
         """The summary (job_id, url, status) of a job we submitted under this unique name (after a
         crash or a lost response on submission), or None when AI Hub has no such job."""
         jt = {"compile": self.m.JobType.COMPILE, "quantize": self.m.JobType.QUANTIZE,
-              "inference": self.m.JobType.INFERENCE}[job_type]
+              "inference": self.m.JobType.INFERENCE, "link": self.m.JobType.LINK}[job_type]
         for s in self.call("list recent jobs", self.client.get_job_summaries, limit=100, type=jt):
             if s.name == name:
                 return s

@@ -139,7 +139,7 @@ class BuildJobs:
         look_up = s["name"] not in self._fresh
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                found = hub.find_job(s["name"], kind) if look_up else None
+                found = hub.find_job(s["name"], kind.split()[0]) if look_up else None
                 if found is not None:                  # created earlier: record it, poll it later
                     s.update({"id": found.job_id, "url": found.url, "state": "submitted", "submitted": now(),
                               "message": "found on AI Hub by its name (its creation response was lost)"})
@@ -286,11 +286,12 @@ class BuildJobs:
     def _model(self, model_id: str):
         return self.ctx.hub.call("get model", self.ctx.hub.client.get_model, model_id)
 
-    def _dataset(self, kind: str):
+    def _dataset(self, kind: str, component: str | None = None):
         """The held-out (or calibration) inputs of the component as an AI Hub dataset, uploaded once."""
-        r, ctx = self.route, self.ctx
+        ctx = self.ctx
+        component = component or self.route.component
         known = ctx.section["uploads"]["datasets"]
-        key = f"{r.component}/{kind}"
+        key = f"{component}/{kind}"
         if key in known:
             try:
                 ds = ctx.hub.call("get dataset", ctx.hub.client.get_dataset, known[key])
@@ -298,10 +299,126 @@ class BuildJobs:
                     return ds
             except HubError:
                 pass
-        inputs, _ = ctx.inputs(r.component, kind)
+        inputs, _ = ctx.inputs(component, kind)
         what = "held-out" if kind == "parity" else "calibration"
         ds = ctx.hub.call(f"upload {what} inputs", ctx.hub.client.upload_dataset,
-                          dev.dataset(inputs, ctx.input_names(r.component)), name=f"omni-export {r.component} {what}")
+                          dev.dataset(inputs, ctx.input_names(component)), name=f"omni-export {component} {what}")
         known[key] = ds.dataset_id
         ctx.save()
         return ds
+
+
+class LinkJobs(BuildJobs):
+    """A link group's jobs at one precision: link (the members' compiled DLCs -> one context binary
+    with shared weights) -> one inference job per graph (selected with context_enable_graphs),
+    profiled and scored against the member build's gate. The record is manifest["hub"]["links"][key];
+    the link waits for every member's compile job, and fails (recorded, with the reason) when one
+    of them failed."""
+
+    def __init__(self, ctx: Context, route, builds: dict, resubmit: bool = False):
+        self.ctx, self.route, self.builds = ctx, route, builds
+        self.build = None
+        links = ctx.section.setdefault("links", {})
+        self.rec = links.setdefault(route.key, {"steps": [], "history": [], "files": [], "graphs": {}})
+        self.rec["route"] = {**route.to_json(), "device": ctx.device.name, "qairt_version": ctx.qairt}
+        if resubmit and link_state(self.rec) == "failed":
+            self._reset_from_failure()
+            self.rec["graphs"] = {}
+        self.rec["state"] = link_state(self.rec)
+        self._jobs: dict[str, object] = {}
+        self._fresh: set[str] = set()
+
+    @property
+    def state(self) -> str:
+        return link_state(self.rec)
+
+    def _save(self) -> None:
+        self.rec["state"] = link_state(self.rec)
+        self.ctx.save()
+
+    def step(self) -> None:
+        if self._step("link") is None:
+            models, waiting = [], False
+            for key in self.route.members:
+                compile_ = next((s for s in (self.builds[key].get("hub") or {}).get("steps", [])
+                                 if s["kind"] == "compile"), None)
+                if compile_ is not None and compile_["state"] == "failed":
+                    s = self._new_step("link")
+                    self._fresh.discard(s["name"])
+                    return self._fail(s, f"not submitted: the compile job of {key} failed")
+                if compile_ is None or compile_["state"] != "success" or not compile_.get("target_model"):
+                    waiting = True
+                else:
+                    models.append(compile_["target_model"])
+            if waiting:
+                return None
+            self.rec["inputs"] = dict(zip(self.route.members, models))
+        return super().step()
+
+    def _options(self, kind: str) -> str:
+        if kind == "link":
+            return self.route.options()
+        return self.route.inference_options(kind.split(" ", 1)[1], self.ctx.qairt)
+
+    def _submitter(self, kind: str, s: dict) -> Callable:
+        hub, ctx = self.ctx.hub, self.ctx
+        device = hub.Device(ctx.device)
+        if kind == "link":
+            models = [self._model(self.rec["inputs"][k]) for k in self.route.members]
+            return lambda: hub.client.submit_link_job(models, device=device, name=s["name"], options=s["options"])
+        graph = kind.split(" ", 1)[1]
+        model = self._model(self._step("link")["target_model"])
+        inputs = self._dataset("parity", graph)
+        return lambda: hub.client.submit_inference_job(model, device=device, inputs=inputs, name=s["name"],
+                                                       options=s["options"], profile=True)
+
+    def _complete(self, kind: str, job, s: dict) -> None:
+        hub, store = self.ctx.hub, self.ctx.store
+        if kind == "link":
+            target = hub.call("link target model", job.get_target_model)
+            if target is None:
+                raise HubError("the link job succeeded but has no target model")
+            s["target_model"] = target.model_id
+            rec = self._download(target)
+            self._keep("linked_model", rec)
+            members = sum(f["bytes"] for k in self.route.members
+                          for f in (self.builds[k].get("hub") or {}).get("files", []) if f.get("kind") == "compiled_model")
+            self.rec["linked_bytes"] = {"linked": rec.bytes, "members_compiled": members}
+            return
+        graph = kind.split(" ", 1)[1]
+        profile = hub.call("download profile", job.download_profile)
+        text = json.dumps(profile, indent=1, default=list) + "\n"
+        self._keep(f"profile {graph}", store.put_bytes(f"{self._dir}/{graph}-profile.json", text.encode()))
+        entries = hub.call("download output data", job.download_output_data)
+        self.rec["graphs"][graph] = {"profile": summarize(profile), "parity": self._score_graph(graph, entries)}
+
+    def _score_graph(self, graph: str, entries) -> dict:
+        ctx = self.ctx
+        member = self.builds[self.route.members[self.route.graphs.index(graph)]]
+        info = ctx.manifest["components"][graph]
+        threshold = float(member["parity"]["threshold_db"])
+        runner = {"kind": "device", "short": "device npu",
+                  "label": f"{ctx.device.name} via {ctx.hub.label} (graph {graph} of the linked qnn_context_binary, "
+                           f"--compute_unit npu, QAIRT {ctx.qairt})"}
+        inputs, refs = ctx.inputs(graph)
+        if entries is None:
+            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
+                    "reason": "the inference job returned no output data"}
+        try:
+            outs, how = dev.per_sample(entries, [o["name"] for o in info["outputs"]], len(inputs))
+        except ValueError as e:
+            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
+                    "reason": f"device outputs unusable: {e}"}
+        parity = dev.score(ctx.recipe.component(graph), info, refs, outs, threshold)
+        return {"runner": runner, **parity, "outputs_matched": how}
+
+
+def link_state(rec: dict) -> str:
+    """pending, running, done (every graph scored), failed (a job failed or could not be submitted)."""
+    steps = rec.get("steps") or []
+    if any(s["state"] == "failed" for s in steps):
+        return "failed"
+    graphs = (rec.get("route") or {}).get("graphs") or []
+    if graphs and all((rec.get("graphs") or {}).get(g, {}).get("parity") for g in graphs):
+        return "done"
+    return "running" if any(s.get("id") for s in steps) else "pending"

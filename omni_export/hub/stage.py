@@ -18,8 +18,8 @@ from pathlib import Path
 from ..core import UsageError
 from . import records
 from .client import DeviceInfo, Hub, HubUsageError
-from .jobs import BuildJobs, Context
-from .routes import plan
+from .jobs import BuildJobs, Context, LinkJobs, link_state
+from .routes import link_plan, plan
 
 DEFAULT_TIMEOUT_S = 6 * 3600.0
 
@@ -76,7 +76,9 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         device = pin_device(hub, m, target, opts.device)
         qairt = pin_qairt(hub, m, opts.qairt)
         routes, left = plan(m, target, opts.quantize_on, tuple(opts.components), tuple(opts.formats),
-                            tuple(opts.precisions))
+                            tuple(opts.precisions), recipe.links)
+        link_routes, link_left = link_plan(routes, recipe.links)
+        left = left + link_left
         if not routes and not records.submitted(m):
             raise UsageError("nothing to submit to AI Hub: " + ("; ".join(f"{x['key']}: {x['reason']}" for x in left[:4])
                                                                or "no build matches"))
@@ -94,6 +96,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
 
         ctx = Context(hub, store, m, device, qairt, recipe, save)
         tasks = [BuildJobs(ctx, r, builds[r.key], opts.resubmit) for r in routes]
+        tasks += [LinkJobs(ctx, r, builds, opts.resubmit) for r in link_routes]
         save()
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
@@ -131,6 +134,11 @@ def _announce(t: BuildJobs, seen: dict, progress) -> None:
                 progress.note(f"AI Hub: {what} job {s['id']} succeeded")
             else:
                 progress.note(f"AI Hub: {what} job {s.get('id') or '(not created)'} FAILED: {s['message']}")
+    for g, r in (t.rec.get("graphs") or {}).items():
+        if r.get("parity") and seen.get(f"{t.route.key}:{g}") != "scored":
+            seen[f"{t.route.key}:{g}"] = "scored"
+            p = r["parity"]
+            progress.note(f"AI Hub: {t.route.key} graph {g} on the device: {p['verdict']} ({p['reason']})")
     if t.rec.get("parity") and seen.get(t.route.key) != "scored":
         seen[t.route.key] = "scored"
         p = t.rec["parity"]
@@ -243,6 +251,8 @@ def apply(store, m: dict, recipe) -> list[str]:
     section["updated"] = records.now()
     section["summary"] = {**records.summary(m), "components": comps,
                           "components_without_device_accepted_build": [c for c in comps if c not in verified]}
+    if section.get("links"):
+        section["summary"]["links"] = link_summary(section["links"])
     section["rtf"] = estimate(m, recipe.realtime, m["options"].get("recipe_options") or {},
                               source=section["client"])
     return moved
@@ -263,10 +273,29 @@ def _reject_on_device(store, b: dict) -> list[str]:
     return old
 
 
+def link_summary(links: dict) -> dict:
+    """Per linked binary: its state, and per graph the device verdict, SNR and time."""
+    out = {}
+    for key, rec in links.items():
+        graphs = {}
+        for g in (rec.get("route") or {}).get("graphs") or []:
+            r = (rec.get("graphs") or {}).get(g) or {}
+            p, prof = r.get("parity") or {}, r.get("profile") or {}
+            dbs = [o["snr_db"] for o in p.get("outputs") or [] if isinstance(o.get("snr_db"), (int, float))]
+            graphs[g] = {"verdict": p.get("verdict"), "min_snr_db": min(dbs) if dbs else None,
+                         "inference_ms": prof.get("inference_ms"), "peak_memory_mb": prof.get("peak_memory_mb")}
+        failed = next((s["message"] for s in rec.get("steps") or [] if s["state"] == "failed"), None)
+        out[key] = {"state": link_state(rec), "graphs": graphs, "failure": failed,
+                    "bytes": rec.get("linked_bytes")}
+    return out
+
+
 def exit_code(m: dict) -> int:
     hub = m.get("hub") or {}
     failed = (m["summary"]["components_without_accepted_build"] or m["summary"].get("end_to_end_failed")
-              or (hub.get("summary") or {}).get("components_without_device_accepted_build"))
+              or (hub.get("summary") or {}).get("components_without_device_accepted_build")
+              or any(g["verdict"] == "rejected" for link in ((hub.get("summary") or {}).get("links") or {}).values()
+                     for g in link["graphs"].values()))        # a failed link job is a note, like a failed build job
     return 3 if failed else 0
 
 
@@ -278,6 +307,15 @@ def notes(m: dict) -> list[str]:
                    f"waiting (recorded jobs are not submitted again)")
     if s.get("failed"):
         out.append(f"{s['failed']} build(s) have a FAILED job; `omni-export hub submit --resubmit` retries them")
+    for key, link in (s.get("links") or {}).items():
+        if link["state"] == "failed":
+            out.append(f"{key}: FAILED ({link['failure']}); `omni-export hub submit --resubmit` retries it")
+        elif link["state"] in ("pending", "running"):
+            out.append(f"{key}: still waiting on AI Hub; rerun `omni-export hub submit` to keep waiting")
+        else:
+            rejected = [g for g, r in link["graphs"].items() if r["verdict"] != "accepted"]
+            if rejected:
+                out.append(f"{key}: graph(s) {', '.join(rejected)} of the linked binary under the gate on the device")
     return out
 
 

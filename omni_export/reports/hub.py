@@ -76,6 +76,19 @@ def markdown(m: dict) -> list[str]:
     jobs = [f"{r['key']} {j['kind']} [{j['id']}]({j['url']})" for r in rows for j in r["jobs"] if j.get("url")]
     if jobs:
         lines += ["", "Jobs: " + " · ".join(jobs)]
+    links = (h.get("summary") or {}).get("links") or {}
+    if links:
+        lines += ["", "Linked context binaries (AI Hub link job over the graphs' compiled DLCs, weights shared; "
+                      "each graph selected with context_enable_graphs and profiled):", "",
+                  "| link | state | graph | device SNR dB | device verdict | ms/inference | peak MB |",
+                  "|---|---|---|---:|---|---:|---:|"]
+        for key, link in links.items():
+            for g, r in link["graphs"].items():
+                lines.append(f"| {key} | {link['state']} | {g} | {fmt_db(r['min_snr_db'])} | "
+                             f"{VERDICT.get(r['verdict'], '—') if r['verdict'] else '—'} | "
+                             f"{_num(r['inference_ms'], 2)} | {_num(r['peak_memory_mb'], 1)} |")
+            if link.get("failure"):
+                lines.append(f"| {key} | failed: {link['failure']} | | | | | |")
     if h.get("rtf"):
         lines += ["", f"Real time ({h['rtf']['doc']}):", ""] + [f"- {x}" for x in rtf_lines(h["rtf"])]
     return lines

@@ -11,7 +11,7 @@ it reads a few rows of per utterance. The talker's codec table (3072 x Ht) is sm
 on the host (prompt rows) and inside the predictor graphs (code0 and the 15 residual tables), so
 `predictor_frame` returns the summed embedding the next talker step needs in the same call.
 """
-from ...core import Component, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
+from ...core import Component, LinkGroup, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
 
 F32, I32 = "float32", "int32"
 _LM_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
@@ -98,6 +98,9 @@ RECIPE = Recipe(
     tiny="omni_export.recipes.qwen3_tts.checkpoint:write_checkpoint",
     end_to_end="omni_export.recipes.qwen3_tts.e2e:run",
     synth="omni_export.recipes.qwen3_tts.synth",
+    # prefill and decode graphs of the same weights: one context binary each on AI Hub (link jobs)
+    links=(LinkGroup("talker", ("talker_prefill", "talker_decode"), "the talker's prefill and per-frame step"),
+           LinkGroup("predictor", ("predictor_prefill", "predictor_decode"), "the code predictor's prefill and step")),
     options=(
         RecipeOption("prefill-tokens", int, 32, "talker_prefill: tokens per prefill call (P)"),
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames"),
