@@ -79,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default="cpu", help="omni-export target whose graph rewrites the exports get")
     r.add_argument("--option", action="append", default=[], type=_option, metavar="NAME=VALUE",
                    help="recipe option, e.g. context-length=1024 (default: the recipe's defaults)")
+    r.add_argument("--skip", action="append", default=[], metavar="GRAPH:RUNNER",
+                   help="do not export GRAPH for RUNNER (e.g. predictor_frame:pte: ExecuTorch 1.5.1 ran out of "
+                        "24 GiB lowering the 0.6B fused frame); its arms are recorded as unavailable")
     r.add_argument("--dry-run", action="store_true",
                    help="build every graph and call every arm (warm-up only), no timed passes")
     r.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: the measured child

@@ -153,7 +153,9 @@ def open_all(eager, names_samples: dict, target, work: Path, cfg: dict) -> dict[
     for name, samples in names_samples.items():
         ex = Exported(eager, name, samples, target, work, cfg["threads"])
         for kind, fmt, _ in RUNNERS:
-            if kind in cfg["runners"]:
+            if f"{name}:{kind}" in cfg.get("skip", ()):
+                ex.errors[kind] = {"error": f"skipped: --skip {name}:{kind}"}
+            elif kind in cfg["runners"]:
                 ex.open(kind, fmt)
         out[name] = ex
     return out
@@ -401,7 +403,8 @@ def worker(args, out_path: Path) -> int:
 
     cfg = {"passes": 0 if args.dry_run else args.passes, "warmup": args.warmup, "min_pass_s": args.min_pass_ms / 1e3,
            "max_calls_per_pass": args.max_calls_per_pass, "samples": args.samples,
-           "bandwidth_mib": args.bandwidth_mib, "threads": args.threads, "runners": args.runners}
+           "bandwidth_mib": args.bandwidth_mib, "threads": args.threads, "runners": args.runners,
+           "skip": sorted(args.skip)}
     result = {"config": cfg, "threads": fix_threads(args.threads), "cases": {}, "failures": [],
               "dry_run": args.dry_run}
     work = Path(args.work) / f"runtime-{args.size}-{os.getpid()}"

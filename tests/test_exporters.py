@@ -124,3 +124,23 @@ def test_pte_w8a16_stores_int8_weights(tmp_path):
     assert details["int8_layers"] == 2
     # 2 x 256 x 256 weights: 256 KiB in fp16, 128 KiB in int8
     assert (tmp_path / "b.pte").stat().st_size < 0.6 * (tmp_path / "a.pte").stat().st_size
+
+
+def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lowering, tmp_path, monkeypatch):
+    """Large graphs are exported with external data (streamed, no protobuf copy of the weights):
+    the QNN builds made from them, and the single-file copy kept for AI Hub, compute the same."""
+    monkeypatch.setattr(ox, "_STREAM_BYTES", 0)
+    ext = Lowering(traced, TARGETS["s25-htp"], tmp_path / "ext", rewrites=("pow_mul",))
+    src = ext.onnx(Precision.FP32)
+    assert ox.data_file(src).exists() and ox.data_file(ext.onnx(Precision.FP16)).exists()
+    spec = BuildSpec("r", "tiny", Format.CTX, Precision.FP16, "s25-htp")
+    a = run_all(lowering.build(spec, tmp_path / "a").runner, traced.heldout)
+    b = run_all(ext.build(spec, tmp_path / "b").runner, traced.heldout)
+    for x, y in zip(a, b):
+        assert np.array_equal(x["y"], y["y"])
+    one = ox.inline_copy(src, tmp_path / "one.onnx")
+    assert one == tmp_path / "one.onnx" and not ox.data_file(one).exists()
+    cpu = RunnerSpec("ort-cpu", str(one), traced.input_names, traced.output_names, {})
+    ref = RunnerSpec("ort-cpu", str(lowering.onnx(Precision.FP32)), traced.input_names, traced.output_names, {})
+    for x, y in zip(run_all(cpu, traced.heldout), run_all(ref, traced.heldout)):
+        assert np.array_equal(x["y"], y["y"])

@@ -43,11 +43,16 @@ def keep_for_hub(store, recipe: str, target, lowering, entries: list[dict]) -> d
     out: dict = {"sources": {}}
     for key in sorted(keys):
         src = lowering.onnx(Precision(key))          # memoised: already built for the accepted build
-        if src.with_name(src.name + ".data").exists():
-            out["sources"][key] = {"error": "the ONNX has external data, which is not kept for AI Hub yet"}
+        from ..exporters.onnx import inline_copy
+
+        one = inline_copy(src, src.with_name(src.stem + ".inline.onnx"))
+        if one is None:
+            out["sources"][key] = {"error": "the ONNX is past 2 GB with external data, which is not kept for AI Hub yet"}
             continue
         rel = f"{SOURCES_DIR}/{recipe}-{lowering.traced.name}-{key}-{target.name}.onnx"
-        out["sources"][key] = store.put_file(rel, src).to_json()
+        out["sources"][key] = store.put_file(rel, one).to_json()
+        if one != src:
+            one.unlink()
     calib = lowering.traced.calibration
     if quantized and calib:
         names = lowering.traced.input_names
