@@ -243,23 +243,12 @@ class BuildJobs:
 
     def _score(self, entries) -> dict:
         r, ctx = self.route, self.ctx
-        info = ctx.manifest["components"][r.component]
         threshold = float(self.build["parity"]["threshold_db"])
         runner = {"kind": "device", "short": f"device {r.compute_unit}",
                   "label": f"{ctx.device.name} via {ctx.hub.label} ({r.runtime}, --compute_unit "
                            f"{r.compute_unit}, QAIRT {ctx.qairt})"}
-        inputs, refs = ctx.inputs(r.component)
-        if entries is None:
-            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
-                    "reason": "the inference job returned no output data"}
-        try:
-            outs, how = dev.per_sample(entries, [o["name"] for o in info["outputs"]], len(inputs))
-        except ValueError as e:
-            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
-                    "reason": f"device outputs unusable: {e}"}
-        self._keep("outputs", ctx.store.put_bytes(f"{self._dir}/outputs.npz", dev.outputs_npz(outs)))
-        parity = dev.score(ctx.recipe.component(r.component), info, refs, outs, threshold)
-        return {"runner": runner, **parity, "outputs_matched": how}
+        return score_device(ctx, r.component, entries, threshold, runner, keep=lambda outs: self._keep(
+            "outputs", ctx.store.put_bytes(f"{self._dir}/outputs.npz", dev.outputs_npz(outs))))
 
     def _download(self, model):
         """The compiled model, kept under hub/ (what the device ran)."""
@@ -395,22 +384,11 @@ class LinkJobs(BuildJobs):
     def _score_graph(self, graph: str, entries) -> dict:
         ctx = self.ctx
         member = self.builds[self.route.members[self.route.graphs.index(graph)]]
-        info = ctx.manifest["components"][graph]
         threshold = float(member["parity"]["threshold_db"])
         runner = {"kind": "device", "short": "device npu",
                   "label": f"{ctx.device.name} via {ctx.hub.label} (graph {graph} of the linked qnn_context_binary, "
                            f"--compute_unit npu, QAIRT {ctx.qairt})"}
-        inputs, refs = ctx.inputs(graph)
-        if entries is None:
-            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
-                    "reason": "the inference job returned no output data"}
-        try:
-            outs, how = dev.per_sample(entries, [o["name"] for o in info["outputs"]], len(inputs))
-        except ValueError as e:
-            return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
-                    "reason": f"device outputs unusable: {e}"}
-        parity = dev.score(ctx.recipe.component(graph), info, refs, outs, threshold)
-        return {"runner": runner, **parity, "outputs_matched": how}
+        return score_device(ctx, graph, entries, threshold, runner)
 
 
 def link_state(rec: dict) -> str:
@@ -422,3 +400,22 @@ def link_state(rec: dict) -> str:
     if graphs and all((rec.get("graphs") or {}).get(g, {}).get("parity") for g in graphs):
         return "done"
     return "running" if any(s.get("id") for s in steps) else "pending"
+
+
+def score_device(ctx, component: str, entries, threshold: float, runner: dict, keep=None) -> dict:
+    """Parity of one graph's device outputs (an inference job's output data) against the recorded
+    fp32 references; `keep(outputs)` stores them first when given."""
+    info = ctx.manifest["components"][component]
+    inputs, refs = ctx.inputs(component)
+    if entries is None:
+        return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
+                "reason": "the inference job returned no output data"}
+    try:
+        outs, how = dev.per_sample(entries, [o["name"] for o in info["outputs"]], len(inputs))
+    except ValueError as e:
+        return {"runner": runner, "threshold_db": threshold, "verdict": "rejected", "outputs": [],
+                "reason": f"device outputs unusable: {e}"}
+    if keep is not None:
+        keep(outs)
+    parity = dev.score(ctx.recipe.component(component), info, refs, outs, threshold)
+    return {"runner": runner, **parity, "outputs_matched": how}

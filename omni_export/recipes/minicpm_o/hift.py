@@ -137,14 +137,9 @@ def _down_rates(c: HiFTConfig) -> list[int]:
 
 def hift_path(directory: Path) -> Path | None:
     """hift.safetensors in the token2wav directory; a hift.pt alone is refused (a pickle)."""
-    st, pt = directory / "hift.safetensors", directory / "hift.pt"
-    if st.exists() or st.is_symlink():
-        return st
-    if pt.exists():
-        raise UsageError(f"{pt} is a pickle (torch.save); omni-export never unpickles. Convert it once: python -c "
-                         f"\"import torch, safetensors.torch as s; s.save_file(torch.load('hift.pt', weights_only=True), "
-                         f"'hift.safetensors')\" in {directory}")
-    return None
+    from .token2wav import asset_path
+
+    return asset_path(directory, "hift")
 
 
 def _layout(header: dict, path: Path) -> tuple[str, str]:

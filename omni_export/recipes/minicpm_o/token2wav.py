@@ -99,16 +99,20 @@ def dit_tensors(c: DiTConfig) -> dict[str, TensorDecl]:
     return t
 
 
-def flow_path(directory: Path) -> Path | None:
-    """flow.safetensors in the token2wav directory; a flow.pt alone is refused (a pickle)."""
-    st, pt = directory / "flow.safetensors", directory / "flow.pt"
+def asset_path(directory: Path, stem: str) -> Path | None:
+    """`<stem>.safetensors` in the token2wav directory; a `<stem>.pt` alone is refused (a pickle)."""
+    st, pt = directory / f"{stem}.safetensors", directory / f"{stem}.pt"
     if st.exists() or st.is_symlink():
         return st
     if pt.exists():
         raise UsageError(f"{pt} is a pickle (torch.save); omni-export never unpickles. Convert it once: python -c "
-                         f"\"import torch, safetensors.torch as s; s.save_file(torch.load('flow.pt', weights_only=True), "
-                         f"'flow.safetensors')\" in {directory}")
+                         f"\"import torch, safetensors.torch as s; s.save_file(torch.load('{stem}.pt', weights_only=True), "
+                         f"'{stem}.safetensors')\" in {directory}")
     return None
+
+
+def flow_path(directory: Path) -> Path | None:
+    return asset_path(directory, "flow")
 
 
 def read_dit_config(path: Path) -> DiTConfig:
