@@ -168,8 +168,10 @@ def pick(logits: np.ndarray, noise: np.ndarray | None, top_k: int) -> int:
     if noise is None:
         return int(np.argmax(logits))
     kth = np.partition(logits, -top_k)[-top_k]
-    masked = np.where(logits >= kth, logits, logits.min() - 1.0)
-    return int(np.argmax(masked + noise))
+    # Outside the top k: below every noisy score, so noise never lifts one over a kept logit
+    # (upstream's filter sets them to -inf; a floor under the logits alone did not hold).
+    noisy = logits + noise
+    return int(np.argmax(np.where(logits >= kth, noisy, noisy.min() - 1.0)))
 
 
 def talker_logits(logits: np.ndarray, generated: list[int], cfg, opts: GenOptions) -> np.ndarray:

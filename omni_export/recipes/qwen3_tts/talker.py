@@ -257,8 +257,11 @@ class PredictorFrame(nn.Module):
     def _pick(self, logits, noise):
         """(code, decision margin): the margin is the gap between the two best noisy scores."""
         top = torch.topk(logits, self.top_k, dim=-1).values
-        floor = logits.min(dim=-1, keepdim=True).values - 1.0
-        scores = torch.where(logits >= top[..., -1:], logits, floor) + noise
+        noisy = logits + noise
+        # Outside the top k: below every noisy score (as host.pick), so sampling stays in the top k;
+        # the floor stays within the scores' own range (a far floor would cost w8a16 its resolution).
+        floor = noisy.min(dim=-1, keepdim=True).values - 1.0
+        scores = torch.where(logits >= top[..., -1:], noisy, floor)
         best2 = torch.topk(scores, 2, dim=-1).values
         return torch.argmax(scores, dim=-1, keepdim=True), best2[..., :1] - best2[..., 1:]
 
