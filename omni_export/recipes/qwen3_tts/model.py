@@ -27,6 +27,11 @@ HELDOUT_DEFAULT = 4
 CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
 CALIBRATION_SEED = 1000
 HELDOUT_FRAMES = 24
+# At real sizes an eager fp32 frame costs ~0.5 s (0.6B, 2 cores) and only CALIBRATION_PER_GRAPH
+# calls per graph are kept: 18 prompts x 4 frames still leave more than 16 of every per-frame call.
+REAL_SIZE_HIDDEN = 512
+REAL_CALIBRATION_FRAMES = 4
+REAL_HELDOUT_FRAMES = 12
 VOICE_DESIGN_INSTRUCTS = ("A calm, low-pitched male voice, speaking slowly.",
                           "A bright, cheerful young female voice.")
 
@@ -219,6 +224,15 @@ class Qwen3TTS:
         mel = fit_frames(log_mel(wav), int(self.options["speaker-frames"]))[None].astype(np.float32)
         return graphs("speaker_encoder", {"mel": mel})["embedding"].reshape(-1)
 
+    def capture_frames(self) -> tuple[int, int]:
+        """(calibration, held-out) frames generated per prompt: --calibration-frames, else by size."""
+        given = self.options.get("calibration-frames")
+        if given is not None:
+            return int(given), int(given)
+        if self.cfg.talker.hidden_size >= REAL_SIZE_HIDDEN:
+            return REAL_CALIBRATION_FRAMES, REAL_HELDOUT_FRAMES
+        return CALIBRATION_FRAMES, HELDOUT_FRAMES
+
     def _capture(self) -> dict:
         import torch
 
@@ -238,19 +252,19 @@ class Qwen3TTS:
 
         eager = EagerGraphs(self)
         result = {}
+        cal_frames, held_frames = self.capture_frames()
         for which in ("calibration", "heldout"):
             cap = Capture(eager)
             gens = []
             for i, req in enumerate(self.requests(which)):
                 held = which == "heldout"
                 opts = self.gen_options(greedy=held, seed=CALIBRATION_SEED + i, predictor="frame" if i % 2 else "step",
-                                        max_frames=HELDOUT_FRAMES if held else CALIBRATION_FRAMES)
+                                        max_frames=held_frames if held else cal_frames)
                 if self.cfg.tts_model_type == "base":
                     req.speaker_embedding = self.speaker_embedding(cap, reference_voice(i + (100 if held else 0)))
                 gen, _ = self.synthesize(cap, req, opts, with_audio=False)
                 gens.append(gen.codes)
-            windows = [w.inputs() for codes in gens if len(codes)
-                       for w in host.windows(codes, self.left, self.chunk, self.speech.config.samples_per_frame)]
+            windows = self._code2wav_windows(gens)
             calls, counts = cap.calls, cap.counts()
             calls["code2wav"] = windows
             counts["code2wav"] = (len(windows), len(windows))
@@ -258,8 +272,9 @@ class Qwen3TTS:
                 for name, kept in calls.items():
                     seen = {hash_arrays([c]) for c in calibration_calls.get(name, [])}
                     calls[name] = [c for c in kept if hash_arrays([c]) not in seen]
-            src = ("greedy fp32 generations of the recipe's held-out prompts" if which == "heldout" else
-                   "seeded fp32 generations of the recipe's calibration prompts")
+            src = (f"greedy fp32 generations of the recipe's held-out prompts, {held_frames} frames each"
+                   if which == "heldout" else
+                   f"seeded fp32 generations of the recipe's calibration prompts, {cal_frames} frames each")
             if which == "heldout":      # Code2Wav: the first chunk (no context) and a full-context one
                 full = [w for w in calls["code2wav"] if w["frame_mask"].all()]
                 calls["code2wav"] = calls["code2wav"][:1] + full[-1:]
@@ -273,6 +288,19 @@ class Qwen3TTS:
             if which == "heldout":
                 self.heldout_codes = gens
         return result
+
+    def _code2wav_windows(self, gens: list) -> list[dict]:
+        """Code2Wav chunk inputs over generated codes. Generations shorter than a chunk (real sizes
+        generate 4 frames per calibration prompt) are joined end to end and windowed at a few
+        offsets, so the windows carry left context as streaming ones do."""
+        sps = self.speech.config.samples_per_frame
+        seqs = [c for c in gens if len(c)]
+        if not seqs or max(len(c) for c in seqs) >= self.chunk:
+            return [w.inputs() for codes in seqs for w in host.windows(codes, self.left, self.chunk, sps)]
+        joined = np.concatenate(seqs)
+        step = max(1, self.chunk // 3)
+        return [w.inputs() for o in range(0, min(self.chunk, len(joined)), step)
+                for w in host.windows(joined[o:], self.left, self.chunk, sps)]
 
     def _code2wav_user_samples(self) -> Samples:
         c = self.speech.config

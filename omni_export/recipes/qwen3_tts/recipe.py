@@ -112,6 +112,10 @@ RECIPE = Recipe(
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
                      "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=()),
+        RecipeOption("calibration-frames", int, None,
+                     "frames generated per calibration prompt (18 prompts) and per held-out prompt; default "
+                     "24 / 24 on small checkpoints, 4 / 12 at real sizes (hidden >= 512), where each eager "
+                     "fp32 frame costs ~0.5 s and 16 calls per graph are kept", affects=None),
         RecipeOption("calibration-codes", str, None,
                      "Code2Wav: .npy of real code sequences [frames, 16] (or a directory of them) to "
                      "calibrate on instead of the codes the recipe generates from its prompt set", affects=("code2wav",)),
