@@ -144,7 +144,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
-                 rewrites, jobs, gate, quiet, debug, summary_to, **recipe_opts):
+                 rewrites, jobs, gate, sim_samples, quiet, debug, summary_to, **recipe_opts):
         from .pipeline import RunOptions, run
 
         try:
@@ -160,7 +160,7 @@ def _recipe_command(name: str) -> click.Command:
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
-                jobs=jobs or default_jobs(), gates=parse_gates(gate))
+                jobs=jobs or default_jobs(), gates=parse_gates(gate), sim_samples=sim_samples)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
             with _native_stdout_to_stderr():
@@ -216,6 +216,11 @@ def _recipe_command(name: str) -> click.Command:
                      help="override the recipe's gates in dB of SNR, e.g. --gate fp16=45,w8a16=32"),
         click.Option(["--jobs", "-j"], type=int, default=None,
                      help="parallel runner processes for scoring [default: min(2, cores)]"),
+        click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
+                     help="held-out samples each build scores on the slow runners (the HTP simulator; "
+                          "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
+                          "graphs past 256 MB of weights (the simulator takes 25 s per 0.6B talker step); "
+                          "0: all. ORT CPU always scores every held-out sample"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

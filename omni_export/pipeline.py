@@ -19,6 +19,12 @@ from .targets import UNSUPPORTED_REASON, check_precisions, supports
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
+# Graphs past HEAVY_BYTES of weights (real-size language models) are scored on SLOW_SAMPLES
+# held-out samples on the slow runners -- the HTP simulator (25 s per 0.6B talker step, 75 s per
+# 32-token prefill) and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them
+# elsewhere (ORT CPU scores the same QDQ / fp16 graph on every sample). --sim-samples overrides.
+HEAVY_BYTES = 256 << 20
+SLOW_SAMPLES = 2
 
 
 @dataclass
@@ -37,6 +43,7 @@ class RunOptions:
     jobs: int = 2
     gates: dict = field(default_factory=dict)      # Precision -> dB, overrides the recipe's gates
     e2e: tuple[str, ...] | None = None             # runner kinds for end-to-end parity; None: the target's
+    sim_samples: int | None = None                 # held-out samples on slow runners; None: auto, 0: all
 
 
 @dataclass
@@ -222,6 +229,10 @@ def _run(opts: RunOptions, store: Store, progress: Progress, previous: dict | No
         if reused_e2e:
             progress.note("end-to-end parity: every graph unchanged, its rows reused from the cache")
     else:
+        note = e2e_runner_note(opts, manifest)
+        if note:
+            progress.note(note)
+            manifest["end_to_end_runner_note"] = note
         manifest["end_to_end"] = _end_to_end(opts, loaded(), manifest, e2e_runners, progress)
     manifest["summary"] = _summary(entries, components, manifest["end_to_end"])
     model_seeds = getattr(model, "seeds", {}) if model is not None else {
@@ -243,7 +254,7 @@ def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:
     """Runner kind -> precisions for end-to-end parity ({} when the recipe or user skips it)."""
     if not opts.recipe.end_to_end or opts.e2e == ():
         return {}
-    kinds = opts.e2e or (("htp",) if opts.target.has_htp else ("ort",))
+    kinds = opts.e2e or (("htp",) if opts.target.has_htp and not _heavy(manifest) else ("ort",))
     fmt = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
     order = [p.value for p in Precision]
     runners = {}
@@ -252,6 +263,21 @@ def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:
         if precs:
             runners[k] = tuple(precs)
     return runners
+
+
+def _heavy(manifest: dict) -> list[str]:
+    """Components whose graphs are past HEAVY_BYTES of weights: the HTP simulator needs tens of
+    seconds per call for them, so end-to-end parity (hundreds of calls) runs on ORT CPU instead."""
+    return sorted(c for c, info in manifest["components"].items()
+                  if (info.get("weight_bytes") or 0) >= HEAVY_BYTES)
+
+
+def e2e_runner_note(opts: RunOptions, manifest: dict) -> str | None:
+    heavy = _heavy(manifest)
+    if opts.e2e or not opts.target.has_htp or not heavy:
+        return None
+    return (f"end-to-end parity runs on ORT CPU (the fp16 / QDQ ONNX builds): {', '.join(heavy)} "
+            f"past {HEAVY_BYTES >> 20} MB of weights take tens of seconds per call on the HTP simulator")
 
 
 def _end_to_end(opts: RunOptions, model, manifest: dict, runners: dict, progress: Progress) -> list[dict]:
@@ -299,6 +325,11 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         parity_inputs = store.put_bytes(f"parity-inputs/{comp_name}.npz", repro.parity_inputs_npz(traced))
     crash_point("traced")
     timings["trace_s"] = round(time.time() - t0, 3)
+    weight_bytes = _weight_bytes(traced.module)
+    slow = _slow_samples(opts, weight_bytes, len(traced.heldout))
+    if slow is not None:
+        progress.note(f"{comp_name}: {weight_bytes / 2**30:.2f} GiB of weights: the HTP simulator and portable "
+                      f"kernels score {len(slow)} of {len(traced.heldout)} held-out samples (--sim-samples)")
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts), headroom=component.activation_headroom,
                         per_channel_linears=component.per_channel_linears)
@@ -307,7 +338,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         # simulator runs overlap each other and the remaining lowering.
         shared: dict = {}
         pending = [_lower_build(spec, _gate(opts, component, spec.precision), lowering, traced, store,
-                                pool, shared, progress) for spec in builds]
+                                pool, shared, progress, slow) for spec in builds]
         early = _attribution_precisions(builds) if opts.attribution == "all" else []
         attribution_jobs = _lower_attribution(opts, traced, early, store, pool, progress)
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
@@ -329,6 +360,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
+        "weight_bytes": weight_bytes,
         "agreement_min": component.agreement_min,
         "tie_margins": dict(component.tie_margins),
         "parity_inputs": {**parity_inputs.to_json(), "samples": len(traced.heldout)},
@@ -341,6 +373,29 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
     }
 
 
+def _weight_bytes(module) -> int:
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int] | None:
+    """Indices of the held-out samples slow runners score (evenly spread); None: all of them."""
+    n = opts.sim_samples
+    if n is None:
+        n = SLOW_SAMPLES if weight_bytes >= HEAVY_BYTES else 0
+    if n <= 0 or n >= heldout:
+        return None
+    return sorted({round(i * (heldout - 1) / max(1, n - 1)) for i in range(n)})
+
+
+def _is_slow(spec: BuildSpec, runner) -> bool:
+    return runner.kind == "qnn-htp" or (runner.kind == "executorch" and spec.precision == Precision.W8A16)
+
+
 @dataclass
 class _Pending:
     spec: BuildSpec
@@ -351,6 +406,7 @@ class _Pending:
     error: str | None = None
     t_lower: float = 0.0
     t_submit: float = 0.0
+    samples: list[int] | None = None      # held-out indices this build's runner scored (None: all)
 
 
 def _gate(opts: RunOptions, component, precision: Precision) -> float:
@@ -358,7 +414,7 @@ def _gate(opts: RunOptions, component, precision: Precision) -> float:
 
 
 def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Store, pool, shared: dict,
-                 progress) -> _Pending:
+                 progress, slow: list[int] | None = None) -> _Pending:
     entry = {"name": spec.name, "component": spec.component, "format": spec.format.value,
              "precision": spec.precision.value, "target": spec.target}
     p = _Pending(spec, entry, threshold)
@@ -377,11 +433,13 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
     crash_point("lowered")
     runner = p.built.runner
     key = runner.result_key
+    p.samples = slow if _is_slow(spec, runner) else None
     if key and key in shared:
         p.future = shared[key]           # the same QNN graph already runs for a sibling build
         p.entry["shared_run"] = True
     else:
-        p.future = pool.submit(runner, traced.heldout)
+        inputs = traced.heldout if p.samples is None else [traced.heldout[i] for i in p.samples]
+        p.future = pool.submit(runner, inputs)
         if key:
             shared[key] = p.future
     p.t_submit = time.time()
@@ -407,13 +465,20 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
     except Exception as e:
         store.commit(p.built.files, accepted=False)
         return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())
-    scores = score_outputs(traced.output_names, traced.reference, outputs, traced.logits, component.tie_margins)
+    reference = traced.reference if p.samples is None else [traced.reference[i] for i in p.samples]
+    scores = score_outputs(traced.output_names, reference, outputs, traced.logits, component.tie_margins)
     verdict = judge(scores, p.threshold, component.gated_outputs, agreement_min=component.agreement_min)
     records = store.commit(p.built.files, verdict.accepted)
+    parity = _parity(verdict, runner)
+    parity["samples"] = len(reference)
+    if p.samples is not None:
+        parity["samples_note"] = (f"{len(reference)} of {len(traced.reference)} held-out samples (indices "
+                                  f"{p.samples}): a slow runner on a graph past {HEAVY_BYTES >> 20} MB of "
+                                  f"weights (--sim-samples)")
     entry.update({
         "status": verdict.status,
         "files": [r.to_json() for r in records],
-        "parity": _parity(verdict, runner),
+        "parity": parity,
         "details": p.built.details,
         "samples": keep_audio(store.put_bytes, f"{p.spec.component}-{p.spec.format.value}-{p.spec.precision.value}",
                               outputs, component.audio_outputs),
@@ -538,6 +603,7 @@ def _manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, 
                     "formats": sorted({b.format.value for b in the_plan.builds}),
                     "attribution": opts.attribution, "rewrites": list(_rewrites(opts)), "jobs": opts.jobs,
                     "gates_db": {p.value: v for p, v in opts.gates.items()},
+                    "sim_samples": opts.sim_samples,
                     "recipe_options": _recipe_options(opts)},
         "toolchain": mf.toolchain(),
         "host": mf.host(),

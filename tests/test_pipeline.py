@@ -308,3 +308,36 @@ def test_report_html_of_the_demo_renders_in_headless_chromium(demo_run, tmp_path
         return sum(n for n, c in colors if all(abs(a - b) <= tol for a, b in zip(c, rgb)))
 
     assert near((77, 144, 81)) > 2000 and near((207, 72, 72)) > 2000    # accepted and rejected SNR bars
+
+
+def test_slow_runners_score_a_spread_subset_only_of_heavy_graphs():
+    from omni_export.pipeline import HEAVY_BYTES, SLOW_SAMPLES, RunOptions, _slow_samples
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), Path("unused"))
+    assert _slow_samples(opts, HEAVY_BYTES - 1, 12) is None                    # small graphs: every sample
+    assert _slow_samples(opts, HEAVY_BYTES, 12) == [0, 11][:SLOW_SAMPLES]       # first and last
+    opts.sim_samples = 3
+    assert _slow_samples(opts, 10, 12) == [0, 6, 11]                           # the flag applies to any graph
+    opts.sim_samples = 0
+    assert _slow_samples(opts, HEAVY_BYTES, 12) is None                        # 0: all
+
+
+def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):
+    """--sim-samples 1: the context binary is scored on one held-out sample (and says so), the
+    ONNX build of the same graph on all of them; the manifest records each component's weights."""
+    out = tmp_path / "out"
+    proc = run_cli("qwen3-tts", "--out", str(out), "--components", "text_projection", "--formats", "onnx,ctx",
+                   "--precision", "fp16", "--e2e-frames", "0", "--sim-samples", "1", *GEOMETRY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_manifest(out)
+    b = builds_by(m)
+    heldout = m["components"]["text_projection"]["heldout"]["count"]
+    assert heldout > 1
+    ctx = b[("text_projection", "ctx", "fp16")]["parity"]
+    assert ctx["samples"] == 1 and "1 of" in ctx["samples_note"]
+    onnx = b[("text_projection", "onnx", "fp16")]["parity"]
+    assert onnx["samples"] == heldout and "samples_note" not in onnx
+    assert m["options"]["sim_samples"] == 1
+    assert 0 < m["components"]["text_projection"]["weight_bytes"] < (1 << 30)
