@@ -138,6 +138,10 @@ def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lo
     b = run_all(ext.build(spec, tmp_path / "b").runner, traced.heldout)
     for x, y in zip(a, b):
         assert np.array_equal(x["y"], y["y"])
+    # the build's ONNX copy shares the data file by hard link (as the store does): the inline copy
+    # must still read it (onnx.load refuses multiply-linked data: the first 0.6B build died there)
+    ox.copy(src, tmp_path / "artifact.onnx")
+    assert ox.data_file(src).stat().st_nlink == 2
     one = ox.inline_copy(src, tmp_path / "one.onnx")
     assert one == tmp_path / "one.onnx" and not ox.data_file(one).exists()
     cpu = RunnerSpec("ort-cpu", str(one), traced.input_names, traced.output_names, {})

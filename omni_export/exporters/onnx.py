@@ -86,7 +86,25 @@ def inline_copy(src: Path, dst: Path) -> Path | None:
         return src
     if src.stat().st_size + data_file(src).stat().st_size > _EXTERNAL_DATA_BYTES:
         return None
-    model = onnx.load(str(src))
+    # Our own data file is read here, not through onnx.load: builds share it by hard link with
+    # their artifacts (ONNX copies, no gigabytes copied), and onnx refuses a data file with more
+    # than one link ("potential hardlink attack") -- which failed the first 0.6B build after 48 min.
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(src), load_external_data=False)
+    data = np.memmap(data_file(src), dtype=np.uint8, mode="r")
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            info = _external(t)
+            if info.get("location") != data_file(src).name:
+                raise ValueError(f"{src}: tensor {t.name} keeps its data in {info.get('location')}, "
+                                 f"expected {data_file(src).name}")
+            start = int(info.get("offset", 0))
+            end = start + int(info["length"]) if "length" in info else len(data)
+            t.raw_data = data[start:end].tobytes()
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    del data
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return dst
