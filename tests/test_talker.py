@@ -87,6 +87,54 @@ def test_fused_frame_and_step_graphs_sample_the_same_codes(tmp_path):
     assert not np.array_equal(a.codes, c.codes)        # the seed reaches the sampler
 
 
+def test_fused_frame_executorch_variant_picks_the_same_codes(tmp_path):
+    """The .pte form of the fused frame (selection from slices / maximum / clamp / linear, RMS mean
+    and grouped-query attention in XNNPACK's ops) computes the same codes, embedding and margins:
+    greedy, and sampled with noise large enough that the top-k filter decides picks (a form that
+    ignored top-k would differ: `unfiltered`). The eager modules are untouched by it."""
+    from omni_export.recipes.qwen3_tts.talker import _Xnnpack
+
+    model = M.load(None, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    frame = model.graph("predictor_frame").module
+    variant = frame.executorch_variant()
+    unfiltered = type(frame)(frame.core, top_k=model.cfg.predictor.vocab_size).eval()
+    rng = np.random.default_rng(0)
+    h, v = model.cfg.talker.hidden_size, model.cfg.predictor.vocab_size
+    mattered = 0
+    for scale in (0.0, 0.0, 0.9, 0.9, 8.0, 8.0, 8.0, 8.0):
+        args = (torch.tensor(rng.standard_normal((1, 1, h)), dtype=torch.float32),
+                torch.tensor([[int(rng.integers(0, v))]], dtype=torch.int32),
+                torch.tensor(scale * rng.gumbel(size=(1, 15, v)), dtype=torch.float32))
+        with torch.no_grad():
+            a, b = frame(*args), variant(*args)
+            mattered += not torch.equal(unfiltered(*args)[0], a[0])
+        assert not _Xnnpack.on
+        torch.testing.assert_close(b[0], a[0], rtol=0, atol=0)
+        torch.testing.assert_close(b[1], a[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b[2], a[2], rtol=1e-4, atol=1e-4)
+    assert mattered >= 2
+
+
+def test_level_partitions_are_convex_and_few():
+    """One pass: a node behind an unsupported op that reads a partition lands in a later
+    partition; an unsupported op reading only inputs opens none."""
+    import torch.fx as fx
+
+    from omni_export.exporters.executorch import level_partitions
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    gather = g.call_function(torch.neg, (x,))          # unsupported, reads an input only
+    a = g.call_function(torch.relu, (gather,))
+    b = g.call_function(torch.sigmoid, (a,))
+    cut = g.call_function(torch.argmax, (b,))          # unsupported, reads a partition
+    c = g.call_function(torch.relu, (cut,))
+    d = g.call_function(torch.add, (c, b))
+    g.output(d)
+    parts = level_partitions(g, {a, b, c, d})
+    assert parts[a] == parts[b] == 0 and parts[c] == parts[d] == 1
+
+
 def test_sampling_never_leaves_the_top_k(tmp_path):
     """Logits outside the top k sit below every noisy score: Gumbel noise cannot lift them (with
     the old floor of min(logits) - 1, this flat distribution picked outside the top k 131 times

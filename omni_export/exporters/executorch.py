@@ -80,11 +80,66 @@ def _int8_weights(module: nn.Module) -> int:
     return n
 
 
+# XNNPACK's partitioner (executorch 1.5.1) merges candidate groups pairwise with a cycle check over
+# transitive users: quadratic. On the fused predictor frame (15 unrolled steps, ~7000 nodes) it
+# ran > 5 min and > 5 GiB on the tiny demo. Past this many nodes, partitions are formed in one
+# pass instead (`_level_partitions`).
+LEVEL_PARTITION_NODES = 4000
+
+
+def level_partitions(graph, supported: set) -> dict:
+    """Supported call_function nodes -> partition index, in one topological pass.
+
+    A supported node joins the highest partition among its inputs; an unsupported node sits one
+    above the supported nodes it reads, so anything downstream of it lands in a later partition.
+    Each index is then convex (no path leaves it through an unsupported node and comes back), and
+    the indices are as few as a single pass can make them: an unsupported op that reads only
+    inputs or constants (a gather of an input, a mask built from constants) opens no new one."""
+    level = {}
+    for n in graph.nodes:
+        ins = n.all_input_nodes
+        if n.op != "call_function":
+            level[n] = 0
+        elif n in supported:
+            level[n] = max((level[i] for i in ins), default=0)
+        else:
+            level[n] = max((level[i] + (i in supported) for i in ins), default=0)
+    return {n: level[n] for n in graph.nodes if n.op == "call_function" and n in supported}
+
+
+def _level_xnnpack_partitioner():
+    """XnnpackPartitioner with its own per-op support checks; partitions from `level_partitions`,
+    each with the constants its ops read (one partition each; to_backend copies shared ones)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir.backend.canonical_partitioners.config_partitioner import is_constant_data
+    from torch.fx.passes.infra.partitioner import Partition
+
+    class Level(XnnpackPartitioner):
+        def generate_partitions(self, ep):
+            supported = {n for g in self.get_matched_nodes_from_configs(ep) for n in g
+                         if n.op == "call_function"}
+            parts: dict[int, Partition] = {}
+            for node, lv in level_partitions(ep.graph_module.graph, supported).items():
+                parts.setdefault(lv, Partition(id=lv)).add_node(node)
+            taken = set()
+            for part in parts.values():
+                for node in list(part.nodes):
+                    for arg in node.all_input_nodes:
+                        if arg.op == "placeholder" and arg not in taken and is_constant_data(ep, arg):
+                            part.add_node(arg)
+                            taken.add(arg)
+            return list(parts.values())
+
+    return Level()
+
+
 def _lower(program, path: Path) -> Path:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    et = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    big = len(program.graph.nodes) > LEVEL_PARTITION_NODES
+    partitioner = _level_xnnpack_partitioner() if big else XnnpackPartitioner()
+    et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         f.write(et.buffer)
@@ -96,6 +151,12 @@ def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, p
     """Write a .pte; returns details for the manifest. Quantized builds need calibration args."""
     example = tuple(example)
     details = {"scheme": SCHEMES[precision]}
+    variant = getattr(module, "executorch_variant", None)
+    if callable(variant):
+        # the same function in ops XNNPACK delegates; parity still scores the .pte against the
+        # original module's fp32 outputs
+        module = variant()
+        details["module_variant"] = type(module).__name__
     if precision == Precision.FP32:
         _lower(torch.export.export(module, example), path)
     elif precision == Precision.FP16:

@@ -27,6 +27,16 @@ from .config import DecoderGeometry, ModelConfig
 PREDICTOR_SLOTS = 17
 
 
+class _Xnnpack:
+    """While an ExecuTorch program is traced through `_XnnpackFrame`, two ops are written in forms
+    XNNPACK delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only
+    averages 4-D inputs over the last two dims) and grouped-query attention by folding the query
+    groups into rows instead of repeating K/V (repeat_interleave lowers to expand_copy, which
+    XNNPACK does not take). Every other trace (ONNX, QNN, eager) is unchanged."""
+    on = False
+    rows: dict = {}          # width -> the tracing module's [1, width] buffer of 1/width
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -34,7 +44,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return self.weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps))
+        if _Xnnpack.on:
+            row = _Xnnpack.rows[x.shape[-1]]
+            ms = F.linear(x * x, row if row.dtype == x.dtype else row.to(x.dtype))
+        else:
+            ms = (x * x).mean(-1, keepdim=True)
+        return self.weight * (x / torch.sqrt(ms + self.eps))
 
 
 def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,10 +82,23 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(b, p, self.h, self.hd)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).reshape(b, p, self.kv, self.hd)).transpose(1, 2)
         v = self.v_proj(x).reshape(b, p, self.kv, self.hd).transpose(1, 2)
-        cos, sin = cos[:, None], sin[:, None]
+        if _Xnnpack.on:                     # a view, not unsqueeze_copy (which XNNPACK does not take)
+            cos, sin = cos.reshape(b, 1, p, self.hd), sin.reshape(b, 1, p, self.hd)
+        else:
+            cos, sin = cos[:, None], sin[:, None]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         vals = v if past_v is None else torch.cat([past_v, v], dim=2)
+        if _Xnnpack.on:                     # 3-D bmm (a 4-D matmul lowers to expand_copy)
+            g = self.h // self.kv              # q heads j*g .. j*g+g-1 read kv head j
+            slots = keys.shape[2]
+            qg = q.reshape(b * self.kv, g * p, self.hd)
+            kt = keys.reshape(b * self.kv, slots, self.hd).transpose(1, 2)
+            scores = torch.bmm(qg, kt).reshape(b * self.kv, g, p, slots) * (self.hd ** -0.5) + mask
+            probs = torch.softmax(scores, dim=-1).reshape(b * self.kv, g * p, slots)
+            out = torch.bmm(probs, vals.reshape(b * self.kv, slots, self.hd))
+            out = out.reshape(b, self.h, p, self.hd)
+            return self.o_proj(out.transpose(1, 2).reshape(b, p, self.h * self.hd)), k, v
         if self.kv != self.h:
             keys = keys.repeat_interleave(self.h // self.kv, dim=1)
             vals = vals.repeat_interleave(self.h // self.kv, dim=1)
@@ -254,6 +282,11 @@ class PredictorFrame(nn.Module):
         self.core = core
         self.top_k = top_k
 
+    def executorch_variant(self) -> nn.Module:
+        """The same function in ops XNNPACK delegates, so the whole frame lowers to one XNNPACK
+        partition holding one copy of the weights (see `_XnnpackFrame`)."""
+        return _XnnpackFrame(self).eval()
+
     def _pick(self, logits, noise):
         """(code, decision margin): the margin is the gap between the two best noisy scores."""
         top = torch.topk(logits, self.top_k, dim=-1).values
@@ -291,3 +324,111 @@ class PredictorFrame(nn.Module):
         # One reduction over the 16 rows, as upstream sums them.
         return (torch.cat(codes, dim=1).to(torch.int32), torch.cat(embs, dim=1).sum(dim=1, keepdim=True),
                 torch.cat(margins, dim=1))
+
+
+class _XnnpackFrame(nn.Module):
+    """`PredictorFrame` for ExecuTorch: with top-k, argmax and an embedding gather between the
+    steps, XNNPACK delegates each step separately and ExecuTorch copies the shared decoder weights
+    into every partition (21 GiB RssAnon at 0.6B before it was stopped). Here the selection uses
+    only slices, maximum, clamp and linear:
+
+      x >= t is clamp((x - t) * big + 1, 0, 1), exact for values further apart than 1 / big
+      (1e-30 in fp32, 1e-4 in fp16); the k-th largest logit is found by multisection on the count
+      of logits >= a threshold (SELECT_ROUNDS rounds of SELECT_WAYS thresholds: a 2^-48 fraction
+      of the logits' range); the chosen code is a one-hot row whose index and embedding are
+      matmuls with arange(V) and the table. The codes equal `PredictorFrame`'s except where two
+      scores tie exactly (the one-hot then has two rows; argmax takes the first).
+    The decoder is the same module; its RMS mean and grouped-query attention are traced in their
+    XNNPACK forms (`_Xnnpack`)."""
+
+    def __init__(self, frame: PredictorFrame):
+        super().__init__()
+        c = frame.core
+        self.core, self.top_k = c, frame.top_k
+        self.register_buffer("ones", torch.ones(1, c.vocab))
+        self.register_buffer("ones_w", torch.ones(1, SELECT_WAYS))
+        self.register_buffer("index", torch.arange(c.vocab, dtype=torch.float32)[None])
+        self.register_buffer("ways", torch.arange(SELECT_WAYS, dtype=torch.float32)[:, None])
+        # per-step head and (transposed) table as constants of their own: a row of a stacked
+        # buffer is a select op XNNPACK's linear cannot take as its weight
+        for s in range(c.groups - 1):
+            self.register_buffer(f"head{s}", c.heads[s].clone())
+            self.register_buffer(f"table{s}", c.tables[s].T.contiguous())
+        # the RMS means' 1/n rows, as buffers of this module (a linear's weight must be one)
+        widths = sorted({m.weight.shape[0] for m in c.modules() if isinstance(m, RMSNorm)})
+        for n in widths:
+            self.register_buffer(f"mean_row{n}", torch.full((1, n), 1.0 / n))
+        self.widths = widths
+
+    def _pick(self, logits, noise, table):
+        dt = logits.dtype
+        big = 1e30 if dt == torch.float32 else 1e4
+        # constants in the logits' dtype without a cast op when it is already theirs (a cast makes
+        # a linear's weight a computed tensor, which XNNPACK does not take)
+        ones, ones_w, ways, index = (t if t.dtype == dt else t.to(dt)
+                                     for t in (self.ones, self.ones_w, self.ways, self.index))
+
+        def ge(x, t):
+            return torch.clamp((x - t) * big + 1.0, 0.0, 1.0)
+
+        both = _amax(torch.cat([logits, -logits], dim=0))          # [[max], [-min]]
+        lo = -both[1:]
+        if self.top_k < logits.shape[-1]:
+            width = both[:1] + 1.0 - lo
+            for _ in range(SELECT_ROUNDS):
+                width = width * (1.0 / SELECT_WAYS)
+                t = lo + ways * width                               # [W, 1] thresholds
+                at_least_k = torch.clamp(F.linear(ge(logits, t), ones) - (self.top_k - 1.0), 0.0, 1.0)
+                lo = lo + (F.linear(at_least_k.transpose(0, 1), ones_w) - 1.0) * width
+            keep = ge(logits, lo)
+        else:
+            keep = torch.ones_like(logits)
+        noisy = logits + noise
+        lowest = -_amax(-noisy)
+        scores = noisy * keep + (lowest - 1.0) * (1.0 - keep)      # as PredictorFrame._pick's floor
+        best = _amax(scores)
+        hot = ge(scores, best)
+        second = _amax(scores - hot * big)
+        return F.linear(hot, index), best - second, F.linear(hot, table).reshape(1, 1, -1)
+
+    def forward(self, past_hidden, code0, noise):
+        _Xnnpack.on, _Xnnpack.rows = True, {n: getattr(self, f"mean_row{n}") for n in self.widths}
+        try:
+            return self._forward(past_hidden, code0, noise)
+        finally:
+            _Xnnpack.on, _Xnnpack.rows = False, {}
+
+    def _forward(self, past_hidden, code0, noise):
+        c = self.core
+        total = c.embed(0, code0)
+        x = c.project(torch.cat([past_hidden, total], dim=1))
+        keys = vals = None
+        codes, margins = [], []
+        for s in range(c.groups - 1):
+            n = x.shape[1] if s == 0 else 1
+            pos0 = 0 if s == 0 else s + 1
+            end = pos0 + n
+            mask = torch.triu(torch.full((end, end), -100.0, dtype=x.dtype), diagonal=1)[None, None, pos0:end]
+            past = None if keys is None else _interleave(keys, vals)
+            hidden, k_new, v_new = c.decoder(x, c.cos[None, pos0:end], c.sin[None, pos0:end], mask, past)
+            keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
+            vals = v_new if vals is None else [torch.cat([a, b], 2) for a, b in zip(vals, v_new)]
+            logits = F.linear(hidden[:, -1:], getattr(self, f"head{s}")).reshape(1, -1)
+            code, margin, e = self._pick(logits, noise[:, s], getattr(self, f"table{s}"))
+            codes.append(code)
+            margins.append(margin)
+            total = total + e
+            x = c.project(e)
+        return torch.round(torch.cat(codes, dim=1)).to(torch.int32), total, torch.cat(margins, dim=1)
+
+
+SELECT_WAYS, SELECT_ROUNDS = 16, 12      # 16^12 = 2^48: the k-th-largest search's resolution
+
+
+def _amax(x):
+    """max over the last dim, kept: pairwise maximum of halves (XNNPACK has no max reduction)."""
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        m = torch.maximum(x[..., :h], x[..., h:2 * h])
+        x = m if x.shape[-1] % 2 == 0 else torch.cat([m, x[..., 2 * h:]], dim=-1)
+    return x
