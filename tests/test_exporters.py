@@ -148,3 +148,14 @@ def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lo
     ref = RunnerSpec("ort-cpu", str(lowering.onnx(Precision.FP32)), traced.input_names, traced.output_names, {})
     for x, y in zip(run_all(cpu, traced.heldout), run_all(ref, traced.heldout)):
         assert np.array_equal(x["y"], y["y"])
+
+
+def test_big_graphs_are_compiled_and_quantized_in_a_child_process():
+    """QNN compiles and ORT quantization of graphs with external data run in a spawned child (their
+    memory leaves with it); small graphs stay in process."""
+    import os
+
+    from omni_export.exporters.lower import isolated
+
+    assert isolated(True, os.getpid) != os.getpid()
+    assert isolated(False, os.getpid) == os.getpid()

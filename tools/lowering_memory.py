@@ -1,9 +1,13 @@
 """Where lowering one Qwen3-TTS graph spends memory: RssAnon of this process sampled every 50 ms
-around each step (load, capture, trace, HTP rewrites, ONNX fp32, ONNX fp16), peak above the step's
-start and what stays after. Attribution for issue 5, not a benchmark (no provenance block; the
-build benchmark in benchmarks/ is the measured record).
+around each step (load, capture, trace, HTP rewrites, ONNX fp32, ONNX fp16; with --quantize the
+w8a16 QDQ ONNX, with --compile DLC / context builds), peak above the step's start and what stays
+after, and the peak summed over the process tree (children that compile in isolation).
+Attribution for issue 5, not a benchmark (no provenance block; the build benchmark in
+benchmarks/ is the measured record).
 
     .venv/bin/python tools/lowering_memory.py --size 0.6b --graph talker_decode
+    .venv/bin/python tools/lowering_memory.py --size 0.6b --graph talker_decode --quantize \
+        --compile dlc:fp16,ctx:fp16,ctx:w8a16
 """
 from __future__ import annotations
 
@@ -31,28 +35,37 @@ def main() -> None:
     ap.add_argument("--graph", default="talker_decode")
     ap.add_argument("--target", default="s25-htp")
     ap.add_argument("--work", default=str(ROOT / "benchmarks" / ".work" / "lowering-memory"))
+    ap.add_argument("--quantize", action="store_true", help="also the w8a16 QDQ ONNX")
+    ap.add_argument("--compile", default="", help="builds to lower too, e.g. dlc:fp16,ctx:fp16,ctx:w8a16")
     a = ap.parse_args()
+    a.compile = [c for c in a.compile.split(",") if c]
 
-    peak = [0.0]
+    import os
+
+    from benchmarks.proctree import rss_anon_bytes, tree
+
+    peak, tree_peak = [0.0], [0.0]
 
     def sample():
         while True:
             peak[0] = max(peak[0], rss_anon_gib())
+            total = sum(rss_anon_bytes(p) or 0 for p in tree(os.getpid()))
+            tree_peak[0] = max(tree_peak[0], total / 2 ** 30)
             time.sleep(0.05)
 
     threading.Thread(target=sample, daemon=True).start()
 
     def step(name, f):
-        peak[0] = before = rss_anon_gib()
+        peak[0] = tree_peak[0] = before = rss_anon_gib()
         t = time.monotonic()
         r = f()
         time.sleep(0.1)
         print(f"{name:28s} start {before:6.2f}  peak {peak[0]:6.2f}  after {rss_anon_gib():6.2f} GiB"
-              f"  {time.monotonic() - t:6.1f} s", flush=True)
+              f"  (tree peak {tree_peak[0]:6.2f})  {time.monotonic() - t:6.1f} s", flush=True)
         return r
 
     from benchmarks.runtime import capture_inputs, load_model
-    from omni_export.core import Precision, Samples
+    from omni_export.core import BuildSpec, Format, Precision, Samples
     from omni_export.exporters.lower import Lowering
     from omni_export.targets import get_target
     from omni_export.trace import trace
@@ -70,6 +83,12 @@ def main() -> None:
         step("program + rewrites", low.program)
         step("onnx fp32", lambda: low.onnx(Precision.FP32))
         step("onnx fp16", lambda: low.onnx(Precision.FP16))
+        if a.quantize:
+            traced.calibration = traced.heldout[:1]      # shape only: a memory probe, not a build
+            step("onnx w8a16 (QDQ)", lambda: low.onnx(Precision.W8A16))
+        for fmt in a.compile:
+            spec = BuildSpec("qwen3-tts", a.graph, Format(fmt.split(":")[0]), Precision(fmt.split(":")[1]), a.target)
+            step(f"{fmt}", lambda: low.build(spec, work / "staging" / fmt.replace(":", "-")))
         for p in sorted((work / "lowering").rglob("*.onnx*")):
             print(f"{p.name}: {p.stat().st_size >> 20} MB")
     finally:
