@@ -215,3 +215,16 @@ def test_demo_decisions_survive_fp16_sized_errors_random_heads_do_not(tmp_path, 
 
     assert agreement(True) == 1.0
     assert agreement(False) < 0.99            # why the demo needs decisive heads (58-64 % measured)
+
+
+def test_short_calibration_generations_give_code2wav_windows_with_left_context(tmp_path):
+    """--calibration-frames 4 (the real-size default): every prompt generates 4 frames, and
+    Code2Wav still calibrates on windows carrying left context (the generations are joined);
+    windowed one by one, no window could hold more than 4 real frames."""
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    assert M.load(None, opts, tmp_path / "a").capture_frames() == (M.CALIBRATION_FRAMES, M.HELDOUT_FRAMES)
+    model = M.load(None, {**opts, "calibration-frames": 4}, tmp_path / "b")
+    assert model.capture_frames() == (4, 4)
+    assert "4 frames each" in model.samples("talker_decode", "calibration").source
+    wins = model.samples("code2wav", "calibration").inputs
+    assert len(wins) >= 4 and max(float(w["frame_mask"].sum()) for w in wins) > 4

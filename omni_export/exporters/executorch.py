@@ -81,9 +81,9 @@ def _int8_weights(module: nn.Module) -> int:
 
 
 # XNNPACK's partitioner (executorch 1.5.1) merges candidate groups pairwise with a cycle check over
-# transitive users: quadratic. On the fused predictor frame (15 unrolled steps, ~7000 nodes) it
+# transitive users: quadratic. On the fused predictor frame (15 unrolled steps, ~7500 nodes) it
 # ran > 5 min and > 5 GiB on the tiny demo. Past this many nodes, partitions are formed in one
-# pass instead (`_level_partitions`).
+# pass instead (`level_partitions`).
 LEVEL_PARTITION_NODES = 4000
 
 
