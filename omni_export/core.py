@@ -134,6 +134,11 @@ class Component:
     # QDQ builds: lower every linear (MatMul by a constant weight) as a 1x1 Conv so its weights are
     # quantized per output channel (the QNN EP quantizes MatMul weights per tensor); exporters/onnx.py.
     per_channel_linears: bool = False
+    # Why this graph's deployable form is fp32 (e.g. its output is integrated in float64 on the host, so
+    # fp16 rounding drifts): the plan adds its fp32 build on a unit that runs fp32 (the CPU beside an NPU
+    # that has none: ONNX -> ONNX Runtime, .pte -> XNNPACK) next to its other builds, and end-to-end
+    # parity and synth run that build for this graph at every precision (recipes/qwen3_tts/graphs.py).
+    fp32_on_cpu: str = ""
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

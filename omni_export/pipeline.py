@@ -15,7 +15,7 @@ from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
 from .faults import crash_point
 from .recipes import load_callable
-from .targets import UNSUPPORTED_REASON, check_precisions, supports
+from .targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
@@ -108,10 +108,33 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
                 else:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,
                                     "reason": UNSUPPORTED_REASON.get(f, "not supported by the format")})
+        _plan_fp32_on_cpu(opts, c, place, builds, skipped)
     if not builds:
         raise UsageError("nothing to build: every requested (format, precision) pair is unsupported; "
                          + "; ".join(f"{s['format']}@{s['precision']}: {s['reason']}" for s in skipped[:3]))
     return Plan(builds, skipped)
+
+
+def _plan_fp32_on_cpu(opts: RunOptions, c: str, place, builds: list, skipped: list) -> None:
+    """A graph that must stay fp32 (Component.fp32_on_cpu) gets its fp32 builds next to the others: on
+    its own unit when that runs fp32, else on the CPU beside the NPU (targets.CPU_FP32)."""
+    component = opts.recipe.component(c)
+    if not component.fp32_on_cpu or any(b.component == c and b.precision == Precision.FP32 for b in builds):
+        return
+    unit = place if Precision.FP32 in place.runs else CPU_FP32
+    for f in unit.formats:
+        if f not in opts.target.formats or not supports(f, Precision.FP32):
+            continue
+        why = None
+        if opts.formats and f not in opts.formats:
+            why = "not among --formats"
+        elif f.value in component.opt_in_formats and not opts.formats:
+            why = f"{component.opt_in_formats[f.value]} (opt in: --formats {f.value} --components {c})"
+        if why:
+            skipped.append({"component": c, "format": f.value, "precision": Precision.FP32.value,
+                            "reason": f"the fp32 {f.value} build of {c} (run on the {unit.unit_name}): {why}"})
+        else:
+            builds.append(BuildSpec(opts.recipe.name, c, f, Precision.FP32, opts.target.name))
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -259,7 +282,9 @@ def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:
     order = [p.value for p in Precision]
     runners = {}
     for k in kinds:
-        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k]}, key=order.index)
+        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k] and not (
+            b["precision"] == "fp32" and manifest["components"].get(b["component"], {}).get("fp32_on_cpu"))},
+            key=order.index)           # a graph kept at fp32 on the CPU makes no fp32 row of its own
         if precs:
             runners[k] = tuple(precs)
     return runners
@@ -361,6 +386,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
         "weight_bytes": weight_bytes,
+        **({"fp32_on_cpu": component.fp32_on_cpu} if component.fp32_on_cpu else {}),
         "agreement_min": component.agreement_min,
         "tie_margins": dict(component.tie_margins),
         "parity_inputs": {**parity_inputs.to_json(), "samples": len(traced.heldout)},

@@ -35,6 +35,11 @@ _VOCODER_ON_GPU = {"code2wav": _ADRENO}
 _HET_PRECISIONS = (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16)
 _HET_NOTE = "fp32 runs on the Adreno GPU only (the HTP has no fp32 datapath)"
 
+# A graph that must stay fp32 (Component.fp32_on_cpu) on a target whose unit for it has no fp32: the CPU
+# beside the NPU. AI Hub compiles its ONNX for ONNX Runtime on the CPU.
+CPU_FP32 = Placement("cpu", (Format.ONNX, Format.PTE), (Precision.FP32,), {Format.ONNX: "onnx"},
+                     doc="CPU at fp32 (ONNX Runtime / ExecuTorch XNNPACK) beside the NPU")
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -117,3 +122,12 @@ def check_precisions(target: Target, precisions) -> None:
 
 def supports(fmt: Format, precision: Precision) -> bool:
     return precision in FORMAT_PRECISIONS[fmt]
+
+
+def place_build(target: Target, component: str, precision: Precision, fp32_on_cpu: bool = False) -> Placement:
+    """Where one build runs: the component's placement, except the fp32 build of a graph that must stay
+    fp32 (Component.fp32_on_cpu) on a unit that has no fp32, which runs on the CPU."""
+    place = target.place(component)
+    if fp32_on_cpu and precision == Precision.FP32 and precision not in place.runs:
+        return CPU_FP32
+    return place

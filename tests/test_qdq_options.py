@@ -1,5 +1,6 @@
 """QDQ options a component can set: linears lowered as 1x1 Conv (per-channel weights on the QNN EP)
-and its own 16-bit activation headroom. Small synthetic graphs on ORT CPU; no simulator."""
+and its own 16-bit activation headroom; the int16 second operand of activation x activation MatMuls.
+Small synthetic graphs on ORT CPU, one on the HTP simulator."""
 from __future__ import annotations
 
 import numpy as np
@@ -89,3 +90,57 @@ def test_a_component_headroom_changes_the_activation_ranges(mlp, tmp_path):
     wide = ox.quantize_qdq(src, tmp_path / "wide" / "q.onnx", calib, Precision.W8A16)            # default 0.5
     tight = ox.quantize_qdq(src, tmp_path / "tight" / "q.onnx", calib, Precision.W8A16, headroom=0.0)
     assert scale_of(wide, "h") == pytest.approx(2 * scale_of(tight, "h"), rel=1e-3)
+
+
+def _attention_scores(path):
+    """q [1, 2, 16, 32], k [1, 2, 112, 32] -> q @ k^T: attention's activation x activation MatMul."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk")]
+    g = helper.make_graph(nodes, "qk", [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 2, 16, 32]),
+                                        helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, 112, 32])],
+                          [helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 2, 16, 112])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(path))
+    return path
+
+
+def test_activation_matmuls_take_their_second_operand_as_int16_and_stay_accurate_on_the_htp(tmp_path):
+    """The QNN EP turns a uint16 x uint16 MatMul's second input into uint8 (the HTP then multiplies 16 x 8
+    bits: ~38 dB on this product); as int16 symmetric it runs 16 x 16 (~73 dB)."""
+    from omni_export import qnn_ep
+    from omni_export.parity.metrics import snr
+    from omni_export.parity.runners import RunnerSpec, open_runner
+
+    rng = np.random.default_rng(0)
+    src = _attention_scores(tmp_path / "qk.onnx")
+    feed = lambda: {"q": rng.standard_normal((1, 2, 16, 32)).astype(np.float32),           # noqa: E731
+                    "k": rng.standard_normal((1, 2, 112, 32)).astype(np.float32)}
+    calib, held = [feed() for _ in range(8)], [feed() for _ in range(3)]
+    assert ox.activation_matmul_operands(src) == {"kt": ["qk"]}
+    q = ox.quantize_qdq(src, tmp_path / "q" / "qk.onnx", calib, Precision.W8A16)
+    m = onnx.load(str(q))
+    inits = {i.name: i for i in m.graph.initializer}
+    producer = {o: n for n in m.graph.node for o in n.output}
+    dq = producer[next(n for n in m.graph.node if n.name == "qk").input[1]]
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[2]].data_type == TensorProto.INT16
+    assert not numpy_helper.to_array(inits[dq.input[2]]).any()                          # symmetric
+    dq0 = producer[next(n for n in m.graph.node if n.name == "qk").input[0]]
+    assert inits[dq0.input[2]].data_type == TensorProto.UINT16                          # the other stays uint16
+    ref = np.concatenate([r[0].ravel() for r in _run(src, held)])
+    runner = open_runner(RunnerSpec("qnn-htp", str(q), ("q", "k"), ("s",), qnn_ep.provider_options("69", "79", fp16=False)))
+    try:
+        out = np.concatenate([runner.run(h)["s"].ravel() for h in held])
+    finally:
+        runner.close()
+    assert snr(ref, out) > 60
+
+
+def test_an_unnamed_activation_matmul_converts_its_only_operand_for_every_consumer(mlp, tmp_path):
+    src, calib, held = mlp
+    assert ox.activation_matmul_operands(src) == {"xt": []}                  # x @ x^T, no node name
+    q = ox.quantize_qdq(src, tmp_path / "q" / "q.onnx", calib, Precision.W8A16)
+    m = onnx.load(str(q))
+    assert any(i.data_type == TensorProto.INT16 for i in m.graph.initializer)
+    assert not any(i.data_type == TensorProto.INT16 for i in
+                   onnx.load(str(ox.quantize_qdq(src, tmp_path / "q8" / "q.onnx", calib, Precision.W8A8))).graph.initializer)

@@ -233,11 +233,7 @@ class _Reader:
 # held-out embedding sums (codes never drawn in calibration) clipped at the first quantizer and
 # the graph scored 14.2 dB; with the span doubled, 36.1 dB. 16 bits leave ~90 dB of resolution,
 # so the 6 dB the headroom costs is not seen. 8-bit activations have no such margin: MinMax as is.
-# A recipe sets its own per component (Component.activation_headroom): on the HTP simulator an
-# activation x activation MatMul loses precision in proportion to its operands' ranges (Spark's
-# attention Q.K^T: 40.7 dB in, 33.5 dB out with this headroom, 37.4 dB without; ORT CPU loses
-# nothing there; a lone 16-bit x 16-bit MatMul scores ~40 dB on the simulator, 78 dB on ORT CPU).
-# Spark uses 0.1 (docs/spark.md: +2.2 dB on both graphs over 0.5 on the demo; 0 clips held-out calls).
+# A recipe may set its own per component (Component.activation_headroom).
 HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 
@@ -263,16 +259,60 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act,
                              weight_type=weight, per_channel=True)
     headroom = HEADROOM[precision] if headroom is None else float(headroom)
+    second = activation_matmul_operands(src) if act == QuantType.QUInt16 else {}
+    overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
+    ranges = activation_ranges(src, calibration, dst.parent) if headroom or second else {}
+
+    def padded(lo, hi) -> dict:
+        pad = headroom * (hi - lo)
+        return {"rmin": np.float32(lo - pad), "rmax": np.float32(hi + pad)}
+
     if headroom:
-        overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
-        for name, (lo, hi) in activation_ranges(src, calibration, dst.parent).items():
+        for name, (lo, hi) in ranges.items():
             if name not in overrides:             # ranges the QNN config fixes (e.g. sigmoid) stay
-                pad = headroom * (hi - lo)
-                overrides[name] = [{"rmin": np.float32(lo - pad), "rmax": np.float32(hi + pad)}]
-        cfg.extra_options["TensorQuantOverrides"] = overrides
+                overrides[name] = [padded(lo, hi)]
+    for name, matmuls in second.items():          # see activation_matmul_operands
+        first, *rest = overrides.get(name) or [padded(*ranges[name]) if name in ranges else {}]
+        if "rmin" not in first and name not in ranges:
+            continue
+        span = {k: first[k] for k in ("rmin", "rmax")} if "rmin" in first else padded(*ranges[name])
+        convert = {**span, "quant_type": QuantType.QInt16, "symmetric": True}
+        if matmuls:
+            convert["recv_nodes"] = set(matmuls)
+        overrides[name] = [{**first, "convert": convert}, *rest]
+    cfg.extra_options["TensorQuantOverrides"] = overrides
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize(str(src), str(dst), cfg)
     return dst
+
+
+def activation_matmul_operands(src: Path) -> dict[str, list[str]]:
+    """{tensor: [MatMul names]} for the second input of every activation x activation MatMul (attention's
+    Q.K^T and P.V). With 16-bit activations these are re-encoded as int16 symmetric for those MatMuls
+    only (a quantizer `convert` override; other consumers keep uint16).
+
+    Why: for a uint16 x uint16 MatMul, ONNX Runtime's QNN EP inserts a Convert of input[1] to uint8 at the
+    same range, so the HTP multiplies 16 x 8 bits (a lone Q.K^T at Spark's prefill shapes: 38.4 dB on
+    the simulator, 81.6 on ORT CPU; the same product computed exactly at uint16 x uint8 on ORT CPU:
+    38.4). With input[1] int16 symmetric the EP adds no Convert and the HTP runs a native 16 x 16 MatMul
+    (73.3 dB); Spark's demo prefill logits 27.9 -> 30.4 dB (tools/spark_w8a16/mm3.py, exp13/14.py)."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    consumers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    out: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and len(n.input) == 2 and not any(i in inits for i in n.input):
+            t = n.input[1]
+            if n.name:
+                out.setdefault(t, []).append(n.name)
+            elif consumers[t] == 1:          # an unnamed MatMul: convert for every consumer (it is the only one)
+                out[t] = []
+    return out
 
 
 def linears_as_conv(src: Path, dst: Path) -> Path:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..artifacts.inputs import source_key
 from ..core import Format, Precision, Target
+from ..targets import place_build
 
 QUANTIZE_DTYPES = {"w8a16": ("INT8", "INT16"), "w8a8": ("INT8", "INT8"), "w4a16": ("INT4", "INT16")}
 LOCAL_QDQ = "local QDQ (onnxruntime QNN config: uint8 weights, per channel for Conv, MinMax calibration)"
@@ -93,7 +94,7 @@ def plan(manifest: dict, target: Target, quantize_on: str = "local", components:
         if reason:
             left.append({"key": key, "reason": reason})
             continue
-        place = target.place(b["component"])
+        place = _place(manifest, target, b)
         prec = Precision(b["precision"])
         hub_quantizes = quantize_on == "hub" and prec.quantized
         upload = "fp32" if hub_quantizes else source_key(prec)
@@ -161,8 +162,13 @@ def link_plan(routes: list[Route], links: tuple) -> tuple[list[LinkRoute], list[
     return out, left
 
 
+def _place(manifest: dict, target: Target, b: dict):
+    fp32_on_cpu = bool(manifest["components"].get(b["component"], {}).get("fp32_on_cpu"))
+    return place_build(target, b["component"], Precision(b["precision"]), fp32_on_cpu)
+
+
 def _why_not(manifest: dict, target: Target, b: dict) -> str | None:
-    place = target.place(b["component"])
+    place = _place(manifest, target, b)
     fmt = Format(b["format"])
     if b["status"] != "accepted":
         return "rejected" + (" on the device" if b.get("rejected_by") == "device" else " locally") + \

@@ -16,6 +16,9 @@ against the fp32 pipeline.
     harmonics' phase over the whole window, so an f0 difference of a fraction of a Hz (fp16 holds f0 to
     2^-11 relative, 0.06-0.12 Hz at 128-256 Hz) drifts the waveform's phase: the waveform SNR of any fp16
     f0 is low while the spectrum and the hift graph itself stay close. Attribution, not a gate.
+  hift_f0 therefore runs at fp32 on the CPU in every row (Component.fp32_on_cpu: its fp32 build, as
+    deployed beside the NPU; the row's `fp32_on_cpu` lists it), and wav_snr_db is that pipeline's;
+    wav_snr_db_all_at_precision is the same with hift_f0 at the row's precision on the runner.
 """
 from __future__ import annotations
 
@@ -57,22 +60,36 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                 continue
             with progress.stage(f"end-to-end: held-out utterances through {prec} graphs on {runner}"):
                 built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
+                # the same row with every graph at its precision on the runner (hift_f0 included)
+                same = BuildGraphs(out_dir, runner, prec, manifest=manifest, fp32_on_cpu=False) \
+                    if built.placed and _accepted(manifest, "hift_f0", runner, prec, fp32_on_cpu=False) else None
                 try:
                     if not missing:
                         free = [model.synthesize(built, u, opts).codes for u in utts]
                         forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
                     mels = _mels(model, built, reference) if flow else []
                     wavs = _wavs(model, built, mels) if vocoder and mels else []
+                    same_wavs = _wavs(model, built, mels, f0_graphs=same) if same and wavs else []
                     hift_wavs = _wavs(model, built, mel_ref) if vocoder else []
                     graph_wavs = _wavs(model, built, mel_ref, f0_graphs=eager) if vocoder else []
                 finally:
                     built.close()
+                    if same:
+                        same.close()
             if missing:     # token2wav still scored on the fp32 codes; the TTS head is not
                 row = {**row, "verdict": "skipped",
                        "reason": f"no accepted {', '.join(missing)} build (codes not scored)"}
             else:
                 row = {**row, **score(reference, margins, free, forced)}
-            rows.append(_token2wav_scores(row, model, (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs)))
+            if built.placed:
+                row["fp32_on_cpu"] = sorted(built.placed)
+                row["reason"] += "; " + "; ".join(f"{g}: {how}" for g, how in sorted(built.placed.items()))
+            row = _token2wav_scores(row, model, (mel_ref, mels), (wav_ref, wavs, hift_wavs, graph_wavs))
+            if same_wavs:
+                row["wav_snr_db_all_at_precision"] = round(mel_snr(wav_ref, same_wavs), 3)
+                row["reason"] += (f"; with hift_f0 at {prec} on {runner} too, the waveform is "
+                                  f"{row['wav_snr_db_all_at_precision']:.1f} dB")
+            rows.append(row)
     return rows
 
 
@@ -99,12 +116,10 @@ def _token2wav_scores(row: dict, model, mel: tuple, wav: tuple) -> dict:
     return row
 
 
-def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    from ..qwen3_tts.graphs import RUNNER_FORMATS
+def _accepted(manifest: dict, graph: str, runner: str, prec: str, fp32_on_cpu: bool = True) -> bool:
+    from ..qwen3_tts.graphs import placed_build
 
-    fmt = RUNNER_FORMATS[runner][0]
-    return any(b["component"] == graph and b["format"] == fmt and b["precision"] == prec and
-               b["status"] == "accepted" for b in manifest["builds"])
+    return placed_build(manifest, graph, runner, prec, fp32_on_cpu) is not None
 
 
 T2W_GRAPHS = ("flow_encoder_chunk", "dit_step")

@@ -105,7 +105,9 @@ COMPONENTS = (
         doc="token2wav HiFT vocoder, F0 predictor: mel -> f0 per 50 Hz frame (the host integrates its phase in float64)",
         inputs=(T("mel", (1, "Mel", "M"), F32, "50 Hz log-mel (the flow's output)"),),
         outputs=(T("f0", (1, "M"), F32, "fundamental frequency in Hz (voiced above 10 Hz)"),),
-        gates_db=_GATES, requires=("token2wav",)),
+        gates_db=_GATES, requires=("token2wav",),
+        fp32_on_cpu="the host integrates f0 into the NSF harmonics' phase over the window, so fp16's "
+                    "2^-11 rounding of f0 drifts the waveform's phase (five small convs at 50 Hz)"),
     Component(
         name="hift",
         doc="token2wav HiFT vocoder: mel + NSF source -> iSTFT magnitude and phase (host: source, iSTFT in float64)",

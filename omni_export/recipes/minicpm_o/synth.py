@@ -112,6 +112,8 @@ def _run(model, build, kw) -> dict:
 
         write_wav(Path(kw["wav"]), wav, model.hift[0].sampling_rate)
     where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
+    if build and graphs.placed:
+        where += "; " + ", ".join(f"{g} at fp32 on the CPU" for g in sorted(graphs.placed))
     return {"codes": int(len(gen.codes)), "seconds": round(len(gen.codes) / 25.0, 3), "stopped": gen.stopped,
             "utterance": utt.name, "graphs": where, "checkpoint": str(model.path), "label": model.info["label"],
             "codes_out": kw.get("codes_out"), "mel_out": kw.get("mel_out"),

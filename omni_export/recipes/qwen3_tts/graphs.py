@@ -43,29 +43,36 @@ RUNNER_FORMATS = {"ort": ("onnx", "ort-cpu"), "htp": ("ctx", "qnn-htp"), "pte": 
 
 
 class BuildGraphs:
-    """The accepted artifacts of a build directory, run on one runner kind (ort | htp | pte)."""
+    """The accepted artifacts of a build directory, run on one runner kind (ort | htp | pte).
+
+    A graph that must stay fp32 (its manifest entry has `fp32_on_cpu`) runs its fp32 build on the CPU
+    whatever the row's precision (ONNX Runtime; ExecuTorch for the pte runner), as deployed beside an
+    NPU; `fp32_on_cpu=False` runs it at the row's precision on the runner like every other graph.
+    `placed` names the graphs run that way."""
 
     def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False,
-                 manifest: dict | None = None):
+                 manifest: dict | None = None, fp32_on_cpu: bool = True):
         from ...parity.runners import RunnerSpec
 
         if runner not in RUNNER_FORMATS:
             raise UsageError(f"unknown runner '{runner}'; valid: {', '.join(RUNNER_FORMATS)}")
         m = manifest or self._read(Path(out))
-        fmt, kind = RUNNER_FORMATS[runner]
+        fmt = RUNNER_FORMATS[runner][0]
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
-                                                     key=["fp32", "fp16", "w8a16", "w8a8", "w4a16"].index)
-        self.specs, self.precision = {}, {}
-        opts = _runner_options(m, kind)
+                                                     key=PRECISION_ORDER.index)
+        self.specs, self.precision, self.placed = {}, {}, {}
         for comp, info in m["components"].items():
             for prec in precs:
-                b = next((b for b in m["builds"] if b["component"] == comp and b["format"] == fmt and
-                          b["precision"] == prec and (b["status"] == "accepted" or allow_rejected) and b["files"]), None)
-                if b:
+                found = placed_build(m, comp, runner, prec, fp32_on_cpu, allow_rejected)
+                if found:
+                    b, kind, used = found
                     self.specs[comp] = RunnerSpec(kind, str(Path(out) / b["files"][0]["path"]),
                                                   tuple(s["name"] for s in info["inputs"]),
-                                                  tuple(s["name"] for s in info["outputs"]), opts(prec))
-                    self.precision[comp] = prec
+                                                  tuple(s["name"] for s in info["outputs"]),
+                                                  _runner_options(m, kind)(used))
+                    self.precision[comp] = used
+                    if used != prec or kind != RUNNER_FORMATS[runner][1]:
+                        self.placed[comp] = f"fp32 {b['format']} on {kind} ({info['fp32_on_cpu']})"
                     break
         self._runners = {}
 
@@ -93,6 +100,31 @@ class BuildGraphs:
         for r in self._runners.values():
             r.close()
         self._runners = {}
+
+
+PRECISION_ORDER = ["fp32", "fp16", "w8a16", "w8a8", "w4a16"]
+
+
+def placed_build(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: bool = True,
+                 allow_rejected: bool = False):
+    """(build entry, runner kind, precision) that runs graph `comp` in the (runner, precision) row of
+    manifest `m`, or None: the runner's format at that precision, except for a graph that must stay
+    fp32 (`fp32_on_cpu` in its manifest entry; Component.fp32_on_cpu), whose fp32 build runs on the CPU
+    (.pte on ExecuTorch for the pte runner when built, else ONNX on ONNX Runtime)."""
+    fmt, kind = RUNNER_FORMATS[runner]
+
+    def find(f: str, p: str):
+        return next((b for b in m["builds"] if b["component"] == comp and b["format"] == f and
+                     b["precision"] == p and (b["status"] == "accepted" or allow_rejected) and b["files"]), None)
+
+    if fp32_on_cpu and m["components"].get(comp, {}).get("fp32_on_cpu"):
+        cpu = ((fmt, kind),) if fmt == "pte" else ()
+        for f, k in (*cpu, RUNNER_FORMATS["ort"]):
+            b = find(f, "fp32")
+            if b:
+                return b, k, "fp32"
+    b = find(fmt, precision)
+    return (b, kind, precision) if b else None
 
 
 def _runner_options(m: dict, kind: str):
