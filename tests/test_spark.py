@@ -229,3 +229,23 @@ def test_w4a16_is_planned_for_the_htp_formats_and_skipped_for_pte_with_a_reason(
     assert Precision.W4A16.quantized
     (skip,) = p.skipped
     assert skip["format"] == "pte" and "no int4-weight scheme" in skip["reason"]
+
+
+def test_calibrated_w8a16_is_accepted_on_the_htp_and_int4_rejected(tiny, tmp_path):
+    """The documented demo geometry (docs/spark.md): calibrated w8a16 prefill and decode pass the 30 dB gate
+    on the HTP simulator (before the attention MatMuls' int16 second operand the prefill scored 27.9 dB:
+    the QNN EP multiplied 16 x 8 bits), greedy tokens through them agree; w4a16 is rejected."""
+    out = tmp_path / "out"
+    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "w8a16,w4a16",
+            "-f", "ctx", "--no-attribution", "-q", "--prefill-tokens", "16", "--context-length", "96",
+            "--e2e-tokens", "8", check=False)
+    m = read_manifest(out)
+    b = {(x["component"], x["precision"]): x for x in m["builds"]}
+    for comp in ("prefill", "decode"):
+        w8 = b[(comp, "w8a16")]
+        assert w8["status"] == "accepted", w8["reason"]
+        assert min(o["snr_db"] for o in w8["parity"]["outputs"]) >= 30
+        w4 = b[(comp, "w4a16")]
+        assert w4["status"] == "rejected" and min(o["snr_db"] for o in w4["parity"]["outputs"]) < 15
+    row = next(r for r in m["end_to_end"] if r["precision"] == "w8a16")
+    assert row["runner"] == "htp" and row["verdict"] == "accepted", row["reason"]
