@@ -60,7 +60,14 @@ def main() -> None:
         t = time.monotonic()
         r = f()
         time.sleep(0.1)
-        print(f"{name:28s} start {before:6.2f}  peak {peak[0]:6.2f}  after {rss_anon_gib():6.2f} GiB"
+        after = rss_anon_gib()
+        import gc
+        import ctypes
+
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        print(f"{name:28s} start {before:6.2f}  peak {peak[0]:6.2f}  after {after:6.2f} GiB"
+              f"  (after gc + malloc_trim {rss_anon_gib():6.2f})"
               f"  (tree peak {tree_peak[0]:6.2f})  {time.monotonic() - t:6.1f} s", flush=True)
         return r
 
