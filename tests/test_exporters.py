@@ -180,3 +180,43 @@ def test_big_graphs_are_compiled_and_quantized_in_a_child_process():
 
     assert isolated(True, os.getpid) != os.getpid()
     assert isolated(False, os.getpid) == os.getpid()
+
+
+def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A build killed outright (OOM killer, kill -9) runs no cleanup; its spawned workers must not go on
+    as orphans holding GiBs (they did: a quantizer child and a scoring worker after an OOM kill)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import concurrent.futures as cf, multiprocessing as mp, os, time\n"
+        "from omni_export.parity.pool import exit_with_parent\n"
+        "if __name__ == '__main__':\n"
+        "    ex = cf.ProcessPoolExecutor(1, mp_context=mp.get_context('spawn'), initializer=exit_with_parent)\n"
+        "    print(ex.submit(os.getpid).result(), flush=True)\n"
+        "    ex.submit(time.sleep, 120)\n"
+        "    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+
+    def running(pid: int) -> bool:
+        try:
+            state = next(line for line in open(f"/proc/{pid}/status") if line.startswith("State:"))
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return "Z" not in state.split()[1]
+
+    assert running(worker)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = running(worker)
+    if alive:
+        os_kill = __import__("os").kill
+        os_kill(worker, signal.SIGKILL)
+    assert not alive

@@ -31,7 +31,10 @@ def isolated(big: bool, fn, *args):
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+    from ..parity.pool import exit_with_parent
+
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                initializer=exit_with_parent) as ex:
         return ex.submit(fn, *args).result()
 
 

@@ -18,8 +18,27 @@ def _job(spec: RunnerSpec, inputs: list[dict]) -> list[dict]:
     return run_all(spec, inputs)
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """In a spawned worker: exit when the process that spawned it is gone. A parent killed outright (the
+    kernel's OOM killer, kill -9) runs no cleanup, and its pool workers went on computing (GiBs of a
+    quantizer or a simulator run) as orphans."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _init_worker() -> None:
     import warnings
+
+    exit_with_parent()
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # spawned workers do not inherit the parent's filters; torch's pytree deprecation warnings
