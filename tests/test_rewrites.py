@@ -72,3 +72,56 @@ def test_graph_passes_copy_the_graph_and_share_the_weights():
     for k, t in ep.state_dict.items():
         assert out.state_dict[k].data_ptr() == t.data_ptr(), k
     assert torch.equal(out.module()(x), m(x))
+
+
+class _Down(torch.nn.Module):
+    """A strided Conv1d (kernel 2 s, padding s // 2) then a stride-1 one: HiFT's source downsampling."""
+
+    def __init__(self, s: int, out: int = 8):
+        super().__init__()
+        g = torch.Generator().manual_seed(s)
+        self.a = torch.nn.Conv1d(18, out, 2 * s, stride=s, padding=s // 2)
+        self.b = torch.nn.Conv1d(out, 8, 3, padding=1)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=g) * 0.2
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("s,length", [(3, 301), (15, 1201), (2, 64), (4, 97)])
+def test_conv_polyphase_is_the_same_conv_and_counts_only_strided_ones(s, length):
+    m = _Down(s).eval()
+    x = torch.randn(1, 18, length)
+    out, counts = rewrites.apply(torch.export.export(m, (x,)), ("conv_polyphase",))
+    assert counts == {"conv_polyphase": 1}
+    assert snr(m(x).detach().numpy(), out.module()(x).detach().numpy()) > 120
+
+
+def test_conv_polyphase_is_what_makes_long_strided_convs_work_on_the_htp(tmp_path):
+    """The HTP's strided Conv1d returned wrong values over 16000 samples (fp16); the folded stride-1 conv
+    is right, and at w8a16 its rearranged weight (past the exporter's own 8192-element folding limit) is
+    folded back into an initializer so the QNN EP takes it."""
+    from omni_export import qnn_ep
+    from omni_export.core import Precision
+    from omni_export.exporters import onnx as ox
+
+    m = _Down(3, out=96).eval()                       # weight 96 x 18 x 6 = 10368 elements
+    x = torch.randn(1, 18, 16000, generator=torch.Generator().manual_seed(2))
+    ref = m(x).detach().numpy()
+    ep = torch.export.export(m, (x,))
+    scores = {}
+    for name, prog in (("plain", ep), ("rewritten", rewrites.apply(ep, ("conv_polyphase",))[0])):
+        f = ox.export(prog, tmp_path / f"{name}.onnx", ["x"], ["y"])
+        sess = qnn_ep.session(f, qnn_ep.provider_options("69", "79", fp16=True))
+        scores[name] = snr(ref, sess.run(None, {"x": x.numpy()})[0])
+    assert scores["plain"] < 20 and scores["rewritten"] > 50, scores
+    import onnx
+
+    g = onnx.load(str(tmp_path / "rewritten.onnx")).graph
+    inits = {i.name for i in g.initializer}
+    assert all(n.input[1] in inits for n in g.node if n.op_type == "Conv")           # weights are constants
+    calib = [{"x": torch.randn(1, 18, 16000).numpy()} for _ in range(2)]
+    q = ox.quantize_qdq(tmp_path / "rewritten.onnx", tmp_path / "q" / "q.onnx", calib, Precision.W8A16)
+    sess = qnn_ep.session(q, qnn_ep.provider_options("69", "79", fp16=False))
+    assert snr(ref, sess.run(None, {"x": x.numpy()})[0]) > 30

@@ -41,6 +41,8 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
 
         model = onnx.load(str(path), load_external_data=False)
     name_io(model, input_names, output_names)
+    if not big:
+        fold_weight_layouts(model)
     if big:
         import onnx
 
@@ -48,6 +50,55 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     else:
         _save(model, path)
     return path
+
+
+def fold_weight_layouts(model) -> int:
+    """Replace Pad / Reshape / Transpose / Identity nodes whose inputs are all initializers by their result, until
+    none is left; returns how many. A rewrite that rearranges a weight (exporters/rewrites.py
+    conv_polyphase) exports it as such a chain, and the exporter's own folding stops at 8192 elements:
+    left as ops, the QDQ quantizer takes the weight for an activation and the QNN EP cannot run the conv."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    values = {i.name: i for i in g.initializer}
+    folded = 0
+    changed = True
+    while changed:
+        changed = False
+        for n in list(g.node):
+            if n.op_type not in ("Pad", "Reshape", "Transpose", "Identity") or not n.input or \
+                    not all(i in values for i in n.input if i):
+                continue
+            args = [numpy_helper.to_array(values[i]) if i else None for i in n.input]
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            x = args[0]
+            if n.op_type == "Identity":
+                y = x
+            elif n.op_type == "Transpose":
+                y = np.transpose(x, attrs.get("perm"))
+            elif n.op_type == "Reshape":
+                shape = [d if d != 0 or attrs.get("allowzero") else x.shape[k] for k, d in enumerate(args[1])]
+                y = np.reshape(x, shape)
+            else:
+                if attrs.get("mode", b"constant") not in (b"constant", "constant") or (len(args) > 3 and args[3] is not None):
+                    continue
+                pads = np.asarray(args[1], np.int64)
+                fill = args[2].item() if len(args) > 2 and args[2] is not None else 0
+                r = x.ndim
+                if (pads < 0).any():
+                    continue
+                y = np.pad(x, [(int(pads[k]), int(pads[k + r])) for k in range(r)], constant_values=fill)
+            t = numpy_helper.from_array(np.ascontiguousarray(y), n.output[0])
+            g.initializer.append(t)
+            values[t.name] = t
+            g.node.remove(n)
+            folded += 1
+            changed = True
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [i for i in g.initializer if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return folded
 
 
 def name_io(model, input_names: Sequence[str], output_names: Sequence[str]) -> None:

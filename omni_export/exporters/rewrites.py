@@ -9,6 +9,11 @@ range reduction to [-pi/2, pi/2] and an odd Taylor polynomial to z^11 (truncatio
 6e-8 on that interval):  r = x - 2*pi*round(x / (2*pi));  a = |r|;  z = pi/2 - |a - pi/2|;
 sin(x) = sign(r) * z * P(z^2).   (sin(a) = sin(pi - a) folds [pi/2, pi] onto [0, pi/2].)
 
+conv_polyphase: the HTP's strided Conv1d returned wrong values on some long inputs (QNN 2.51
+simulator, fp16, kernel 2s, padding s/2: stride 3 over 16000 / 20001 samples 3.5 / 4.5 dB while 12001
+and 16385 score 69 dB; stride 15 over 24001 samples -1.2 dB; stride 1 and kernel == stride convs fine
+at 40001). The strided conv becomes a stride-1 conv over the input folded into its `stride` phases.
+
 pow_mul: x ** 2 on HTP fp16 scored 25 dB after the polynomial sin (x * x: 58 dB); small integer
 powers become repeated multiplies.
 
@@ -52,6 +57,40 @@ def pow_mul(x: torch.Tensor, exponent) -> torch.Tensor:
     return torch.ops.aten.pow.Tensor_Scalar(x, exponent)
 
 
+def conv_polyphase(x, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    """A strided Conv1d as a stride-1 Conv1d over the input folded into `stride` phases per channel
+    (space-to-depth): y[t] = sum_k w[k] x[s t + k] with k = s j + phase is a kernel-ceil(K/s) conv of
+    X[c s + phase, m] = x[c, s m + phase]. The same sums in the same precision; any other conv stays."""
+    s, p, d = (v[0] if isinstance(v, (list, tuple)) else v for v in (stride, padding, dilation))
+    if s == 1 or d != 1 or groups != 1 or x.dim() != 3:
+        # aten.convolution, not conv1d: this function is conv1d's decomposition
+        return torch.ops.aten.convolution.default(x, weight, bias, list(_seq(stride)), list(_seq(padding)),
+                                                  list(_seq(dilation)), False, [0], groups)
+    n, c, length = x.shape
+    o, _, k = weight.shape
+    t = (length + 2 * p - k) // s + 1
+    kp = -(-k // s)
+    m = t + kp - 1                                   # folded length the stride-1 conv reads
+    right = s * m - length - p
+    x = torch.nn.functional.pad(x, (p, max(right, 0)))[..., :s * m]
+    x = x.reshape(n, c, m, s).permute(0, 1, 3, 2).reshape(n, c * s, m)
+    w = torch.nn.functional.pad(weight, (0, kp * s - k)).reshape(o, c, kp, s).permute(0, 1, 3, 2)
+    return torch.ops.aten.convolution.default(x, w.reshape(o, c * s, kp), bias, [1], [0], [1], False, [0], 1)
+
+
+def _seq(v):
+    return v if isinstance(v, (list, tuple)) else (v,)
+
+
+def _strided_conv1d(node) -> bool:
+    """A conv1d node conv_polyphase changes: stride > 1, no dilation, one group."""
+    args = list(node.args) + [None] * 7
+    stride, dilation, groups = args[3] or [1], args[5] or [1], args[6] or 1
+    val = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+    return (_seq(stride)[0] > 1 and _seq(dilation)[0] == 1 and groups == 1
+            and (val is None or val.dim() == 3))
+
+
 @dataclass(frozen=True)
 class Rewrite:
     name: str
@@ -59,6 +98,8 @@ class Rewrite:
     fn: Callable                    # a decomposition, or a graph pass (graph, node) -> None
     doc: str
     graph_pass: bool = False
+    # which matching nodes the rewrite changes (counted as replaced); None: all of them
+    when: Callable | None = None
 
 
 def barrier(graph, node) -> None:
@@ -80,15 +121,21 @@ REWRITES: dict[str, Rewrite] = {
                         "sin -> range reduction to [-pi/2, pi/2] + odd polynomial to z^11"),
     "pow_mul": Rewrite("pow_mul", torch.ops.aten.pow.Tensor_Scalar, pow_mul,
                        "x ** n (n = 2..4) -> repeated multiply; HTP's fp16 Pow loses ~30 dB on x ** 2"),
+    "conv_polyphase": Rewrite("conv_polyphase", torch.ops.aten.conv1d.default, conv_polyphase,
+                              "strided Conv1d -> stride-1 Conv1d over the input folded into its phases; the "
+                              "HTP's strided conv broke on long inputs (QNN 2.51 simulator, fp16: stride 3 over "
+                              "16000 samples 3.5 dB, stride 15 over 24001 -1.2 dB; stride 1 68.7 dB)",
+                              when=_strided_conv1d),
     "act_barrier": Rewrite("act_barrier", ACTIVATIONS, barrier,
                            "sigmoid / tanh / GELU / SiLU fed through an exact x*2*0.5, so the HTP does not "
                            "fuse them into a MatMul/Conv epilogue (15-25 dB lost there)", graph_pass=True),
 }
 
 
-def count_op(ep, op) -> int:
+def count_op(ep, op, when: Callable | None = None) -> int:
     ops = op if isinstance(op, tuple) else (op,)
-    return sum(1 for n in ep.graph.nodes if n.op == "call_function" and n.target in ops)
+    return sum(1 for n in ep.graph.nodes if n.op == "call_function" and n.target in ops and (when is None or when(n)))
+
 
 
 def apply(ep, names: tuple[str, ...]):
@@ -99,7 +146,7 @@ def apply(ep, names: tuple[str, ...]):
     counts, table, passes = {}, {}, []
     for name in names:
         rw = REWRITES[name]
-        counts[name] = count_op(ep, rw.op)
+        counts[name] = count_op(ep, rw.op, rw.when)
         if counts[name] and rw.graph_pass:
             passes.append(rw)
         elif counts[name]:
