@@ -144,3 +144,26 @@ def test_an_unnamed_activation_matmul_converts_its_only_operand_for_every_consum
     assert any(i.data_type == TensorProto.INT16 for i in m.graph.initializer)
     assert not any(i.data_type == TensorProto.INT16 for i in
                    onnx.load(str(ox.quantize_qdq(src, tmp_path / "q8" / "q.onnx", calib, Precision.W8A8))).graph.initializer)
+
+
+def test_headroom_keeps_a_relu_output_range_at_zero(tmp_path):
+    """ONNX Runtime's quantizer removes a ReLU and lets the next quantizer clamp at the range's 0; the 16-bit
+    headroom once padded that range below 0, so negatives went through (MiniCPM-o tts_condition: 4 dB)."""
+    rng = np.random.default_rng(3)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32) * 0.2, "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], initializer=[w1, w2])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    src = tmp_path / "relu.onnx"
+    onnx.save(m, str(src))
+    calib = [{"x": rng.standard_normal((1, 6, 16)).astype(np.float32)} for _ in range(16)]
+    held = [{"x": rng.standard_normal((1, 6, 16)).astype(np.float32)} for _ in range(4)]
+    q = ox.quantize_qdq(src, tmp_path / "q" / "q.onnx", calib, Precision.W8A16)        # default headroom 0.5
+    ref = np.concatenate([r[0].ravel() for r in _run(src, held)])
+    out = np.concatenate([r[0].ravel() for r in _run(q, held)])
+    e = float(((ref - out) ** 2).sum())
+    assert 10 * np.log10(float((ref ** 2).sum()) / e) > 30
