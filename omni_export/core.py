@@ -134,6 +134,10 @@ class Component:
     # QDQ builds: lower every linear (MatMul by a constant weight) as a 1x1 Conv so its weights are
     # quantized per output channel (the QNN EP quantizes MatMul weights per tensor); exporters/onnx.py.
     per_channel_linears: bool = False
+    # QDQ builds: how weights are rounded on the quantizer's grid: "nearest", or "gptq" (each layer's
+    # output error on the calibration activations minimised, error spread through the inverse input
+    # Hessian; exporters/gptq.py). Scales, zero points and the integer type stay the quantizer's.
+    weight_rounding: str = "nearest"
     # Why this graph's deployable form is fp32 (e.g. its output is integrated in float64 on the host, so
     # fp16 rounding drifts): the plan adds its fp32 build on a unit that runs fp32 (the CPU beside an NPU
     # that has none: ONNX -> ONNX Runtime, .pte -> XNNPACK) next to its other builds, and end-to-end

@@ -357,7 +357,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                       f"kernels score {len(slow)} of {len(traced.heldout)} held-out samples (--sim-samples)")
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         rewrites=_rewrites(opts), headroom=component.activation_headroom,
-                        per_channel_linears=component.per_channel_linears)
+                        per_channel_linears=component.per_channel_linears,
+                        weight_rounding=component.weight_rounding)
     with RunPool(opts.jobs) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
@@ -552,7 +553,8 @@ def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -
     lowerings = [Lowering(b, opts.target, store.root / ".staging" / "work" / traced.name / f"block{i}",
                           rewrites=_rewrites(opts),
                           headroom=opts.recipe.component(traced.name).activation_headroom,
-                          per_channel_linears=opts.recipe.component(traced.name).per_channel_linears)
+                          per_channel_linears=opts.recipe.component(traced.name).per_channel_linears,
+                          weight_rounding=opts.recipe.component(traced.name).weight_rounding)
                  for i, b in enumerate(blocks)]
     jobs = {}
     for p in precisions:

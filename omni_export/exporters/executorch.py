@@ -47,15 +47,23 @@ class _CastIO(nn.Module):
 class _Int8Weight(nn.Module):
     """A Linear / Conv1d / ConvTranspose1d whose weight is stored int8 per output channel."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, hessian=None):
         super().__init__()
         self.kind = type(layer).__name__
         self.layer = layer
+        self.rounding = None
         w = layer.weight.detach()
         axis = 1 if self.kind == "ConvTranspose1d" else 0
         dims = [d for d in range(w.dim()) if d != axis]
         scale = w.abs().amax(dim=dims, keepdim=True).clamp(min=1e-12) / 127.0
-        self.register_buffer("wq", torch.round(w / scale).clamp(-127, 127).to(torch.int8))
+        if hessian is not None and self.kind == "Linear":      # GPTQ on the same grid (exporters/gptq.py)
+            from .gptq import round_rows
+
+            ints, self.rounding = round_rows(w.double().numpy(), hessian, scale.double().numpy()[:, 0], -127, 127)
+            wq = torch.from_numpy(ints).to(torch.int8)
+        else:
+            wq = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("wq", wq)
         self.register_buffer("scale", scale)
         del layer.weight
 
@@ -69,14 +77,14 @@ class _Int8Weight(nn.Module):
         return F.conv_transpose1d(x, w, m.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
 
 
-def _int8_weights(module: nn.Module) -> int:
+def _int8_weights(module: nn.Module, hessians: dict | None = None, prefix: str = "") -> int:
     n = 0
     for name, child in list(module.named_children()):
         if type(child) in (nn.Linear, nn.Conv1d, nn.ConvTranspose1d):
-            setattr(module, name, _Int8Weight(child))
+            setattr(module, name, _Int8Weight(child, (hessians or {}).get(prefix + name)))
             n += 1
         else:
-            n += _int8_weights(child)
+            n += _int8_weights(child, hessians, f"{prefix}{name}.")
     return n
 
 
@@ -178,16 +186,20 @@ def release_lowering_caches() -> None:
 
 
 def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, precision: Precision,
-               calibration: Sequence[Sequence[torch.Tensor]] = ()) -> dict:
-    """Write a .pte; returns details for the manifest. Quantized builds need calibration args."""
+               calibration: Sequence[Sequence[torch.Tensor]] = (), weight_rounding: str = "nearest") -> dict:
+    """Write a .pte; returns details for the manifest. Quantized builds need calibration args.
+    `weight_rounding` "gptq" rounds the w8a16 int8 weights of Linear layers by GPTQ over the
+    calibration args (exporters/gptq.py); the PT2E w8a8 build keeps its quantizer's rounding."""
+    if weight_rounding not in ("nearest", "gptq"):
+        raise ValueError(f"weight_rounding must be 'nearest' or 'gptq', got {weight_rounding!r}")
     try:
-        return _export_pte(module, example, path, precision, calibration)
+        return _export_pte(module, example, path, precision, calibration, weight_rounding)
     finally:
         release_lowering_caches()
 
 
 def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, precision: Precision,
-                calibration: Sequence[Sequence[torch.Tensor]] = ()) -> dict:
+                calibration: Sequence[Sequence[torch.Tensor]] = (), weight_rounding: str = "nearest") -> dict:
     example = tuple(example)
     details = {"scheme": SCHEMES[precision]}
     variant = getattr(module, "executorch_variant", None)
@@ -203,7 +215,22 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
         _lower(torch.export.export(m, example), path)
     elif precision == Precision.W8A16:
         inner = copy.deepcopy(module)
-        details["int8_layers"] = _int8_weights(inner)
+        hessians = None
+        if weight_rounding == "gptq":
+            if not calibration:
+                raise ValueError("GPTQ weight rounding needs calibration data; none was given")
+            from .gptq import linear_hessians
+
+            linears = [n for n, m in inner.named_modules() if type(m) is nn.Linear]
+            hessians = linear_hessians(inner, calibration, linears)
+        details["int8_layers"] = _int8_weights(inner, hessians)
+        details["weight_rounding"] = "nearest"
+        if hessians is not None:
+            from .gptq import summary
+
+            records = [m.rounding for m in inner.modules() if isinstance(m, _Int8Weight) and m.rounding]
+            details["weight_rounding"] = {"method": "gptq", **summary(records, details["int8_layers"] - len(records))}
+            del hessians
         m = _CastIO(inner.half(), torch.float16).eval()
         _lower(torch.export.export(m, example), path)
     elif precision == Precision.W8A8:

@@ -49,10 +49,12 @@ class Lowering:
     """Per (traced graph, target): memoised intermediate graphs in `work`."""
 
     def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = (),
-                 headroom: dict | None = None, per_channel_linears: bool = False):
+                 headroom: dict | None = None, per_channel_linears: bool = False,
+                 weight_rounding: str = "nearest"):
         self.traced, self.target, self.work = traced, target, work
         self.headroom = dict(headroom or {})      # {Precision: fraction}: the component's override
         self.per_channel_linears = per_channel_linears
+        self.weight_rounding = weight_rounding
         self.rewrites = tuple(rewrites)
         self.rewrite_report: list[dict] = []
         self._program = None
@@ -102,7 +104,7 @@ class Lowering:
             src = self.onnx(Precision.FP32)
             path = isolated(ox.data_file(src).exists(), ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx",
                             self.traced.calibration, precision, self.headroom.get(precision),
-                            self.per_channel_linears)
+                            self.per_channel_linears, self.weight_rounding)
         self._onnx[key] = path
         return path
 
@@ -159,7 +161,8 @@ class Lowering:
             from .executorch import export_pte
 
             calib = [self.traced.args(s) for s in self.traced.calibration] if p.quantized else ()
-            details = export_pte(self.traced.module, self.traced.example, out, p, calib)
+            details = export_pte(self.traced.module, self.traced.example, out, p, calib,
+                                 self.weight_rounding if p == Precision.W8A16 else "nearest")
             return Built([out], self._spec("executorch", out), details)
         raise ValueError(f"no exporter for {spec.format}")
 
@@ -181,12 +184,27 @@ class Lowering:
             d["activation_headroom"] = self.headroom.get(p, HEADROOM[p])
             if self.per_channel_linears:
                 d["scheme"] += "; linears as 1x1 Conv: per-output-channel weights"
+            d["weight_rounding"] = self._rounding(p)
         elif p == Precision.FP16:
             d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp32 ONNX" if qnn
                            else "fp16 weights and compute, fp32 I/O (Cast at the edges)")
         else:
             d["scheme"] = "fp32"
         return d
+
+    def _rounding(self, p: Precision):
+        """How the QDQ weights were rounded: "nearest", or GPTQ's summary (exporters/gptq.py)."""
+        if self.weight_rounding == "nearest":
+            return "nearest"
+        import json
+
+        from .gptq import sidecar
+
+        path = sidecar(self._onnx[p.value]) if p.value in self._onnx else None
+        if path is None or not path.exists():
+            return self.weight_rounding
+        return {"method": self.weight_rounding, **json.loads(path.read_text())["summary"],
+                "per_weight": path.name}
 
     def _proxy(self) -> dict:
         """ORT CPU stands in for a unit nothing here can run (the Adreno GPU): say so in the runner."""

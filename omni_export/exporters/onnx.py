@@ -289,12 +289,14 @@ HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
-                 headroom: float | None = None, per_channel_linears: bool = False) -> Path:
+                 headroom: float | None = None, per_channel_linears: bool = False,
+                 weight_rounding: str = "nearest") -> Path:
     """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) weights (per channel
     for Conv; per tensor for MatMul, which the QNN EP cannot take per channel, unless
     `per_channel_linears` lowers the linears as 1x1 Conv first),
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
-    (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them."""
+    (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them.
+    `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py)."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -339,6 +341,12 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     cfg.extra_options["TensorQuantOverrides"] = overrides
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize(str(src), str(dst), cfg)
+    if weight_rounding == "gptq":
+        from .gptq import round_weights
+
+        round_weights(Path(src), dst, calibration)
+    elif weight_rounding != "nearest":
+        raise ValueError(f"weight_rounding must be 'nearest' or 'gptq', got {weight_rounding!r}")
     return dst
 
 

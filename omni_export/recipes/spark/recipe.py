@@ -37,7 +37,7 @@ def _step(name: str, p, doc: str) -> Component:
                  *kv("new_swa", p, "Ls", "new tokens' K/V; the host writes slot position mod W"),
                  *kv("new_full", p, "Lf", "new tokens' K/V; the host writes slot = position")),
         gates_db=GATES, logits=("logits",), requires=("model",),
-        per_channel_linears=True)
+        per_channel_linears=True, weight_rounding="gptq")
 
 
 COMPONENTS = (

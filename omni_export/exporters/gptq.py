@@ -1,0 +1,330 @@
+"""GPTQ weight rounding for QDQ builds: choose each quantized weight's integers so the *layer's output*
+on the calibration activations is closest to fp32, instead of rounding every weight to its nearest
+grid point independently (Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for
+Generative Pre-trained Transformers").
+
+It runs after ONNX Runtime's quantizer and keeps its grid: every weight's scale, zero point, axis and
+integer type stay exactly as the quantizer chose them (MinMax per channel or per tensor); only the
+integers change. So every consumer of the QDQ ONNX (ORT CPU, the QNN EP's DLC and context binaries,
+AI Hub) runs the rounded weights with no other difference.
+
+For a linear y = W x (W [rows, cols], one quantization scale per row or one for all), the output error
+over the calibration inputs is tr(E H E^T) with E = W - W_q and H = sum x x^T (the inputs' second
+moment). GPTQ quantizes W one input column at a time (largest diag(H) first, "act order") and spreads
+each column's rounding error over the columns not yet quantized through the inverse Hessian, so later
+columns compensate for it. H comes from the fp32 model on the same calibration inputs as the
+activation ranges (never the held-out inputs parity scores on).
+
+Every weight's result is checked: its output SNR on the calibration inputs (10 log10 tr(W H W^T) /
+tr(E H E^T)) with nearest rounding and with GPTQ; when GPTQ is not better the nearest integers stay.
+What was done is written next to the QDQ ONNX as `<name>.rounding.json` and recorded in the build's
+details.
+
+Handled: MatMul by a 2-D constant weight, 1x1 Conv (group 1), weights with one consumer. Others keep
+their nearest integers (counted in the report as skipped).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+DAMP = 0.01                  # fraction of mean(diag H) added to the diagonal (the paper's default)
+BLOCK = 128                  # columns per lazy batch update
+HESSIAN_BYTES = 1 << 30      # float64 Hessians accumulated per calibration pass
+
+
+def sidecar(qdq: Path) -> Path:
+    return qdq.with_name(qdq.name + ".rounding.json")
+
+
+def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
+    """Rewrite the integer weights of `qdq` (quantized from `fp32`) by GPTQ. Returns the report (also
+    written to sidecar(qdq))."""
+    import onnx
+    from onnx import numpy_helper
+
+    from .onnx import _save
+
+    model = onnx.load(str(qdq))
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    src = onnx.load(str(fp32), load_external_data=False)
+    by_output = {n.output[0]: n for n in src.graph.node if n.output}
+    by_name = {n.name: n for n in src.graph.node if n.name}
+
+    targets, skipped = [], []
+    for n in g.node:
+        if n.op_type not in ("MatMul", "Conv") or len(n.input) < 2:
+            continue
+        dq = producer.get(n.input[1])
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        w_init = inits[dq.input[0]]
+        # the quantizer keeps node names; an unnamed node keeps its output name unless it is a graph output
+        ref = by_name.get(n.name) if n.name else by_output.get(n.output[0])
+        if ref is not None and ref.op_type != n.op_type:
+            ref = None
+        why = _unsupported(n, w_init, ref, consumers, dq)
+        if why:
+            skipped.append({"node": n.name or n.output[0], "why": why})
+            continue
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        targets.append({"node": n.name or n.output[0], "op": n.op_type, "x": ref.input[0], "dq": dq,
+                        "weight": w_init.name, "fp32_weight": ref.input[1], "axis": axis})
+
+    report = {"method": "gptq", "damp": DAMP, "act_order": True, "calibration_calls": len(calibration),
+              "weights": [], "skipped": skipped}
+    if targets:
+        fp32_weights = _float_weights(fp32, {t["fp32_weight"] for t in targets})
+        dims = {t["x"]: _cols(t, fp32_weights[t["fp32_weight"]]) for t in targets}
+        hessians = _hessians(fp32, calibration, dims)
+        for t in targets:
+            w = fp32_weights[t["fp32_weight"]]
+            rec, q = _round_one(t, w, hessians[t["x"]], inits)
+            report["weights"].append(rec)
+            if q is not None:
+                new = numpy_helper.from_array(q, t["weight"])
+                inits[t["weight"]].CopyFrom(new)
+        del hessians, fp32_weights
+    report["summary"] = summary(report["weights"], len(skipped))
+    _save(model, qdq)
+    sidecar(qdq).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _unsupported(n, w_init, ref, consumers, dq) -> str:
+    if ref is None or len(ref.input) < 2:
+        return "no matching node in the fp32 graph"
+    if consumers.get(dq.output[0], 0) != 1 or consumers.get(dq.input[0], 0) != 1:
+        return "weight shared by several nodes"
+    dims = list(w_init.dims)
+    if n.op_type == "MatMul":
+        return "" if len(dims) == 2 else f"weight rank {len(dims)}"
+    attrs = {a.name: a for a in n.attribute}
+    if len(dims) != 4 or dims[2:] != [1, 1]:
+        return "Conv kernel is not 1x1"
+    if "group" in attrs and attrs["group"].i != 1:
+        return "grouped Conv"
+    return ""
+
+
+def _cols(t, w: np.ndarray) -> int:
+    return w.shape[0] if t["op"] == "MatMul" else w.shape[1]
+
+
+def _float_weights(fp32: Path, names: set) -> dict:
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(fp32))
+    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.name in names}
+
+
+def _hessians(fp32: Path, calibration: Sequence[dict], dims: dict) -> dict:
+    """{activation: sum over calibration rows of x x^T / rows} from the fp32 graph (ONNX Runtime, the
+    activations added as graph outputs; passes over the calibration set as needed to keep the float64
+    accumulators under HESSIAN_BYTES)."""
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(str(fp32), load_external_data=False)
+    have = {o.name for o in m.graph.output}
+    for name in dims:
+        if name not in have:
+            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    aug = fp32.with_name(f".gptq-{fp32.name}")         # beside fp32: its external data path resolves
+    onnx.save(m, str(aug))
+    del m
+    out = {}
+    try:
+        sess = ort.InferenceSession(str(aug), providers=["CPUExecutionProvider"])
+        names = list(dims)
+        chunks, cur, size = [], [], 0
+        for n in names:
+            b = dims[n] ** 2 * 8
+            if cur and size + b > HESSIAN_BYTES:
+                chunks.append(cur)
+                cur, size = [], 0
+            cur.append(n)
+            size += b
+        if cur:
+            chunks.append(cur)
+        for chunk in chunks:
+            acc = {n: np.zeros((dims[n], dims[n])) for n in chunk}
+            rows = dict.fromkeys(chunk, 0)
+            for feed in calibration:
+                for n, x in zip(chunk, sess.run(chunk, feed)):
+                    x = _rows(x, dims[n])
+                    acc[n] += (x.T @ x).astype(np.float64)
+                    rows[n] += x.shape[0]
+            for n in chunk:
+                out[n] = acc[n] / max(rows[n], 1)
+        del sess
+    finally:
+        aug.unlink(missing_ok=True)
+    return out
+
+
+def _rows(x: np.ndarray, cols: int) -> np.ndarray:
+    """Activation -> [rows, cols]: the last axis for a MatMul input, axis 1 for a Conv input (NCHW)."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] == cols and (x.ndim != 4 or x.shape[1] != cols):
+        return x.reshape(-1, cols)
+    return np.moveaxis(x, 1, -1).reshape(-1, cols)
+
+
+def _grid(t, inits, rows: int):
+    """Scale, zero point (per row, float64) and the integer bounds the quantizer's integers use."""
+    from onnx import numpy_helper
+
+    dq = t["dq"]
+    q0 = numpy_helper.to_array(inits[dq.input[0]])
+    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64).reshape(-1)
+    zp = (numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64).reshape(-1)
+          if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale))
+    if scale.size not in (1, rows) or (scale.size == rows > 1 and t["axis"] != t["row_axis"]):
+        return None                      # not one scale per output channel, nor one for all
+    scale = np.broadcast_to(scale, (rows,)).copy()
+    zp = np.broadcast_to(zp, (rows,)).copy()
+    ints = q0.astype(np.int64)
+    return scale, zp, int(ints.min()), int(ints.max()), q0.dtype
+
+
+def _round_one(t, w: np.ndarray, H: np.ndarray, inits):
+    """GPTQ on one weight; returns (record, new integer array in the initializer's layout or None)."""
+    W = (w.T if t["op"] == "MatMul" else w.reshape(w.shape[0], w.shape[1])).astype(np.float64)   # [rows, cols]
+    rows, cols = W.shape
+    t["row_axis"] = 1 if t["op"] == "MatMul" else 0          # the initializer's output-channel axis
+    grid = _grid(t, inits, rows)
+    rec = {"node": t["node"], "shape": [rows, cols]}
+    if grid is None:
+        rec.update(kept="nearest", why="quantization scales are not per output channel nor per tensor")
+        return rec, None
+    scale, zp, lo, hi, dtype = grid
+    ints, r = round_rows(W, H, scale, lo, hi, zp)
+    rec.update(r)
+    if rec["kept"] != "gptq":
+        return rec, None
+    q = ints.T if t["op"] == "MatMul" else ints.reshape(inits[t["weight"]].dims)
+    return rec, np.ascontiguousarray(q).astype(dtype)
+
+
+def _energy(E: np.ndarray, H: np.ndarray) -> float:
+    return float(np.einsum("ij,jk,ik->", E, H, E))
+
+
+def _gptq(W, H, scale, zp, lo, hi) -> np.ndarray | None:
+    """Integer codes [rows, cols] for W by GPTQ with fixed per-row scale / zero point."""
+    rows, cols = W.shape
+    H = H.copy()
+    dead = np.diag(H) <= 0
+    H[dead, dead] = 1.0
+    perm = np.argsort(-np.diag(H), kind="stable")
+    W = W[:, perm].copy()
+    H = H[perm][:, perm]
+    damp = DAMP * float(np.mean(np.diag(H)))
+    for attempt in range(4):
+        try:
+            L = np.linalg.cholesky(H + damp * np.eye(cols))
+            Linv = np.linalg.inv(L)
+            Hinv = np.linalg.cholesky(Linv.T @ Linv).T          # upper Cholesky factor of H^-1
+            break
+        except np.linalg.LinAlgError:
+            damp *= 10
+    else:
+        return None
+    s, z = scale[:, None], zp[:, None]
+    Q = np.empty_like(W)
+    for i1 in range(0, cols, BLOCK):
+        i2 = min(i1 + BLOCK, cols)
+        W1 = W[:, i1:i2].copy()
+        Err = np.empty_like(W1)
+        Hb = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            w = W1[:, i:i + 1]
+            qi = np.clip(np.round(w / s + z), lo, hi)
+            Q[:, i1 + i:i1 + i + 1] = qi
+            err = (w - (qi - z) * s) / Hb[i, i]
+            W1[:, i:] -= err @ Hb[i:i + 1, i:]
+            Err[:, i:i + 1] = err
+        W[:, i2:] -= Err @ Hinv[i1:i2, i2:]
+    out = np.empty_like(Q)
+    out[:, perm] = Q
+    return out
+
+
+# ---- the same rounding for torch modules (the .pte's int8 weight-only layers, exporters/executorch.py)
+
+def linear_hessians(module, calibration: Sequence[Sequence], names: Sequence[str]) -> dict:
+    """{qualified Linear name: input second moment [in, in]} over `calibration` (positional args of
+    module), passes over the calibration set as needed to keep the float64 accumulators under
+    HESSIAN_BYTES."""
+    import torch
+
+    layers = dict(module.named_modules())
+    chunks, cur, size = [], [], 0
+    for n in names:
+        b = layers[n].in_features ** 2 * 8
+        if cur and size + b > HESSIAN_BYTES:
+            chunks.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += b
+    if cur:
+        chunks.append(cur)
+    out = {}
+    for chunk in chunks:
+        acc = {n: [torch.zeros(layers[n].in_features, layers[n].in_features, dtype=torch.float64), 0]
+               for n in chunk}
+
+        def hook(mod, args, _out, n):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()
+            acc[n][0] += x.T @ x
+            acc[n][1] += x.shape[0]
+
+        handles = [layers[n].register_forward_hook(lambda m, a, o, n=n: hook(m, a, o, n)) for n in chunk]
+        try:
+            with torch.no_grad():
+                for args in calibration:
+                    module(*args)
+        finally:
+            for h in handles:
+                h.remove()
+        out.update({n: (h / max(rows, 1)).numpy() for n, (h, rows) in acc.items()})
+    return out
+
+
+def round_rows(W: np.ndarray, H: np.ndarray, scale: np.ndarray, lo: int, hi: int,
+               zp: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """Integers for W [rows, cols] on the grid (per-row `scale`, zero point `zp`, bounds lo..hi): GPTQ's
+    when they beat nearest rounding on the layer's output error under H, else nearest. Returns
+    (integers, record with both output SNRs and which was kept)."""
+    zp = np.zeros_like(scale) if zp is None else zp
+    s, z = scale[:, None], zp[:, None]
+    nearest = np.clip(np.round(W / s + z), lo, hi)
+    sig = _energy(W, H)
+    db_n = 10 * np.log10(sig / max(_energy(W - (nearest - z) * s, H), 1e-300))
+    rec = {"shape": list(W.shape), "nearest_db": round(float(db_n), 2)}
+    ints = _gptq(W, H, scale, zp, lo, hi)
+    if ints is None:
+        return nearest, {**rec, "kept": "nearest", "why": "Hessian not positive definite"}
+    db_g = 10 * np.log10(sig / max(_energy(W - (ints - z) * s, H), 1e-300))
+    rec["gptq_db"] = round(float(db_g), 2)
+    if not db_g > db_n:
+        return nearest, {**rec, "kept": "nearest"}
+    return ints, {**rec, "kept": "gptq"}
+
+
+def summary(records: Sequence[dict], skipped: int = 0) -> dict:
+    kept = [r for r in records if r["kept"] == "gptq"]
+    return {"weights_rounded": len(kept), "weights_seen": len(records), "skipped": skipped,
+            "median_gain_db": round(float(np.median([r["gptq_db"] - r["nearest_db"] for r in kept])), 2) if kept else 0.0,
+            "min_gptq_db": round(min(r["gptq_db"] for r in kept), 2) if kept else None}
