@@ -116,6 +116,9 @@ def list_cmd():
     for name in REGISTRY:
         r = get_recipe(name)
         click.echo(f"  {name:12s} {r.doc}")
+        if r.also_attempt:
+            click.echo(f"  {'':12s} default plan also attempts {','.join(p.value for p in r.also_attempt)} "
+                       f"(gated; where the unit runs them)")
         for c in r.components:
             click.echo(f"    {c.name:14s} {c.doc}")
     click.echo("targets:")

@@ -202,6 +202,10 @@ class Recipe:
     version: str = "1"                       # bump when graphs change (part of build cache keys)
     realtime: RealTime | None = None         # per unit of output: which graphs run how often
     links: tuple[LinkGroup, ...] = ()        # graphs linked into one context binary on AI Hub
+    # precisions the default plan (no --precision) also attempts, beyond the target's default ladder, on
+    # units that run them: gated like the rest, so the report shows whether they are deployable
+    # (Spark: w8a8 and w4a16, which real LLMs lose -- the report is where a user sees that)
+    also_attempt: tuple[Precision, ...] = ()
 
     def component(self, name: str) -> Component:
         for c in self.components:

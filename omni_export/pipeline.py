@@ -89,7 +89,9 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
     for c in comps:
         place = opts.target.place(c)          # the unit this component runs on, and what it builds
         opt_in = opts.recipe.component(c).opt_in_formats
-        for p in opts.precisions or place.precisions:
+        default = place.precisions + tuple(x for x in opts.recipe.also_attempt
+                                           if x in place.runs and x not in place.precisions)
+        for p in opts.precisions or default:
             for f in opts.formats or place.formats:
                 if f not in place.formats:
                     skipped.append({"component": c, "format": f.value, "precision": p.value,

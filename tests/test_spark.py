@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +250,21 @@ def test_calibrated_w8a16_is_accepted_on_the_htp_and_int4_rejected(tiny, tmp_pat
         assert w4["status"] == "rejected" and min(o["snr_db"] for o in w4["parity"]["outputs"]) < 15
     row = next(r for r in m["end_to_end"] if r["precision"] == "w8a16")
     assert row["runner"] == "htp" and row["verdict"] == "accepted", row["reason"]
+
+
+def test_default_plan_attempts_w8a8_and_w4a16_for_spark_only():
+    """Issue 9: the default command attempts every precision (w8a8 and w4a16 gated like the rest); other
+    recipes keep the target's ladder; an explicit --precision is taken as given."""
+    from omni_export.core import Precision
+    from omni_export.pipeline import RunOptions, plan
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    t = get_target("s25-htp")
+    got = {(b.component, b.precision) for b in plan(RunOptions(get_recipe("spark"), t, Path("unused"))).builds}
+    assert got == {(c, p) for c in ("prefill", "decode") for p in Precision if p != Precision.FP32}
+    tts = {b.precision for b in plan(RunOptions(get_recipe("qwen3-tts"), t, Path("unused"))).builds}
+    assert tts == {Precision.FP16, Precision.W8A16}
+    only = {b.precision for b in plan(RunOptions(get_recipe("spark"), t, Path("unused"),
+                                                 precisions=(Precision.W8A16,))).builds}
+    assert only == {Precision.W8A16}
