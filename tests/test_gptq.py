@@ -129,3 +129,22 @@ def test_gptq_int8_weight_only_layers_for_the_pte(tmp_path):
         assert torch.equal(a.scale, b.scale) and b.wq.dtype == torch.int8
         assert int(b.wq.abs().max()) <= 127 and b.rounding["kept"] == "gptq"
         assert (a.wq != b.wq).float().mean() > 0.05
+
+
+def test_gptq_that_loses_on_the_check_half_keeps_nearest(tmp_path):
+    """Two calibration calls of 24 rows for a 48-wide input: GPTQ fitted to one call's rank-24 Hessian
+    pushes the error into directions that call never saw; the other call shows it, so the nearest
+    integers stay (the QDQ weight is then exactly the quantizer's)."""
+    rng = np.random.default_rng(3)
+    src = _model(tmp_path / "m.onnx", rng)
+    calib = _inputs(rng, np.eye(IN), 2)
+    near = ox.quantize_qdq(src, tmp_path / "near.qdq.onnx", calib, Precision.W8A16, per_channel_linears=True)
+    ours = ox.quantize_qdq(src, tmp_path / "gptq.qdq.onnx", calib, Precision.W8A16, per_channel_linears=True,
+                           weight_rounding="gptq")
+    rec = {w["node"]: w for w in json.loads(gptq.sidecar(ours).read_text())["weights"]}["fc1.conv"]
+    assert rec["calibration_rows"] == 2 * T
+    assert rec["kept"] == "nearest" and "other half" in rec["why"], rec
+    assert rec["check_gptq_db"] <= rec["check_nearest_db"]
+    wn, wo = _weights(near), _weights(ours)
+    fc1 = next(k for k in wn if np.asarray(wn[k][0]).shape[:2] == (HID, IN))
+    np.testing.assert_array_equal(wn[fc1][0], wo[fc1][0])
