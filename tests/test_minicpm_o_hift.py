@@ -149,13 +149,16 @@ def test_hift_builds_at_fp16_within_the_gate_and_end_to_end_attributes_the_wavef
         {"mel": [1, 80, 16], "source": [1, 1, 16 * 480 + 16]}
     row = m["end_to_end"][0]
     assert row["runner"] == "ort" and row["verdict"] == "accepted" and row["mel_snr_db"] >= 40
-    # hift_f0 runs its fp32 build (Component.fp32_on_cpu) in the fp16 row: the fp32 mel through it and the
-    # built hift is as close as the built hift fed the fp32 f0
-    assert row["fp32_on_cpu"] == ["hift_f0"] and b[("hift_f0", "onnx", "fp32")]["status"] == "accepted"
-    assert row["hift_graph_wav_snr_db"] >= 40 and abs(row["hift_wav_snr_db"] - row["hift_graph_wav_snr_db"]) < 1
+    # hift_f0 runs its fp32 build (Component.fp32_on_cpu) in the fp16 row; that build is the fp32 f0 (so
+    # the row reuses "the fp32 mel through the built hift_f0 + hift" as "the built hift alone")
+    f0_32 = b[("hift_f0", "onnx", "fp32")]
+    assert row["fp32_on_cpu"] == ["hift_f0"] and f0_32["status"] == "accepted"
+    assert min(o["snr_db"] for o in f0_32["parity"]["outputs"]) >= 100
+    assert row["hift_wav_snr_db"] >= 40 and row["hift_graph_wav_snr_db"] == row["hift_wav_snr_db"]
     # with hift_f0 at fp16 too, its sub-Hz f0 error, integrated into the NSF source's phase, costs the
-    # waveform more (the attribution the row reports; the built mel's own error reaches f0 either way)
-    assert row["wav_snr_db"] > row["wav_snr_db_all_at_precision"] + 0.5
+    # waveform more (the attribution the row reports, on the first utterance; the built mel's own error
+    # reaches f0 either way)
+    assert row["wav_snr_db_first_utterance"] > row["wav_snr_db_all_at_precision"] + 0.5
     assert 5 < row["wav_snr_db"] < row["hift_graph_wav_snr_db"] and row["wav_spectral_snr_db"] > 5
     assert "waveform" in row["reason"] and "wav SNR dB" in (out / "report.md").read_text()
 
