@@ -388,8 +388,11 @@ def test_sigint_is_one_line_exit_130_and_marks_the_output_incomplete(tmp_path, t
         time.sleep(0.1)                                 # wait until the run has written into OUT
     time.sleep(1.0)
     sent = time.time()
+    alive = proc.poll() is None
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
+    assert alive, f"the run ended before SIGINT was sent (exit {proc.returncode}; parity-inputs written: " \
+                  f"{(out / 'parity-inputs').exists()}): nothing was interrupted"
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == (f"omni-export: error: interrupted; {out} is marked incomplete "
                                             f"(.incomplete) and the next run rebuilds it")
