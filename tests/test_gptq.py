@@ -148,3 +148,18 @@ def test_gptq_that_loses_on_the_check_half_keeps_nearest(tmp_path):
     wn, wo = _weights(near), _weights(ours)
     fc1 = next(k for k in wn if np.asarray(wn[k][0]).shape[:2] == (HID, IN))
     np.testing.assert_array_equal(wn[fc1][0], wo[fc1][0])
+
+
+def test_hessians_in_several_passes_give_the_same_weights(tmp_path, monkeypatch):
+    """A memory cap on the Hessians splits the calibration passes; the integers do not change."""
+    rng = np.random.default_rng(4)
+    src = _model(tmp_path / "m.onnx", rng)
+    calib = _inputs(rng, rng.standard_normal((IN, IN)) * np.geomspace(3, 0.03, IN)[:, None], 8)
+    one = ox.quantize_qdq(src, tmp_path / "one.qdq.onnx", calib, Precision.W8A16, weight_rounding="gptq")
+    monkeypatch.setattr(gptq, "HESSIAN_BYTES", IN * IN * 16)          # one input per pass
+    assert gptq._passes({"a": IN, "b": HID, "c": IN}) == [["a"], ["b"], ["c"]]
+    split = ox.quantize_qdq(src, tmp_path / "split.qdq.onnx", calib, Precision.W8A16, weight_rounding="gptq")
+    a, b = _weights(one), _weights(split)
+    assert a.keys() == b.keys() and len(a) == 2
+    for k in a:
+        np.testing.assert_array_equal(a[k][0], b[k][0])

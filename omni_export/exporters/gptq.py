@@ -181,18 +181,7 @@ def _hessians(fp32: Path, calibration: Sequence[dict], dims: dict) -> dict:
     out = {}
     try:
         sess = ort.InferenceSession(str(aug), providers=["CPUExecutionProvider"])
-        names = list(dims)
-        chunks, cur, size = [], [], 0
-        for n in names:
-            b = dims[n] ** 2 * 16                   # two float64 halves
-            if cur and size + b > HESSIAN_BYTES:
-                chunks.append(cur)
-                cur, size = [], 0
-            cur.append(n)
-            size += b
-        if cur:
-            chunks.append(cur)
-        for chunk in chunks:
+        for chunk in _passes(dims):
             acc = {n: Moments(dims[n]) for n in chunk}
             for i, feed in enumerate(calibration):
                 for n, x in zip(chunk, sess.run(chunk, feed)):
@@ -202,6 +191,22 @@ def _hessians(fp32: Path, calibration: Sequence[dict], dims: dict) -> dict:
     finally:
         aug.unlink(missing_ok=True)
     return out
+
+
+def _passes(dims: dict) -> list[list[str]]:
+    """Group inputs {name: width} into calibration passes whose Moments (two float64 [w, w] halves)
+    fit in HESSIAN_BYTES together (one input per pass when it alone is larger)."""
+    chunks, cur, size = [], [], 0
+    for n, w in dims.items():
+        b = w * w * 16
+        if cur and size + b > HESSIAN_BYTES:
+            chunks.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += b
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 def _rows(x: np.ndarray, cols: int) -> np.ndarray:
@@ -301,18 +306,8 @@ def linear_hessians(module, calibration: Sequence[Sequence], names: Sequence[str
     import torch
 
     layers = dict(module.named_modules())
-    chunks, cur, size = [], [], 0
-    for n in names:
-        b = layers[n].in_features ** 2 * 16
-        if cur and size + b > HESSIAN_BYTES:
-            chunks.append(cur)
-            cur, size = [], 0
-        cur.append(n)
-        size += b
-    if cur:
-        chunks.append(cur)
     out = {}
-    for chunk in chunks:
+    for chunk in _passes({n: layers[n].in_features for n in names}):
         acc = {n: Moments(layers[n].in_features) for n in chunk}
         call = [0]
 
