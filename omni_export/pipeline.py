@@ -322,6 +322,14 @@ def _rewrites(opts: RunOptions) -> tuple[str, ...]:
     return opts.target.rewrites if opts.rewrites is None else tuple(opts.rewrites)
 
 
+def _lowering_options(opts: RunOptions, component: str) -> dict:
+    """How a component's graphs (and its attribution blocks) are lowered: the target's rewrites and the
+    component's QDQ choices."""
+    c = opts.recipe.component(component)
+    return {"rewrites": _rewrites(opts), "headroom": c.activation_headroom,
+            "per_channel_linears": c.per_channel_linears, "weight_rounding": c.weight_rounding}
+
+
 def _recipe_options(opts: RunOptions) -> dict:
     values = {o.name: o.default for o in opts.recipe.options}
     values.update({k: v for k, v in opts.recipe_options.items() if v is not None})
@@ -358,9 +366,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         progress.note(f"{comp_name}: {weight_bytes / 2**30:.2f} GiB of weights: the HTP simulator and portable "
                       f"kernels score {len(slow)} of {len(traced.heldout)} held-out samples (--sim-samples)")
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
-                        rewrites=_rewrites(opts), headroom=component.activation_headroom,
-                        per_channel_linears=component.per_channel_linears,
-                        weight_rounding=component.weight_rounding)
+                        **_lowering_options(opts, comp_name))
     with RunPool(opts.jobs) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
@@ -553,10 +559,7 @@ def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -
     with progress.stage(f"{traced.name}: capture block activations"):
         blocks = trace_blocks(traced, heldout_limit=ATTRIBUTION_SAMPLES)
     lowerings = [Lowering(b, opts.target, store.root / ".staging" / "work" / traced.name / f"block{i}",
-                          rewrites=_rewrites(opts),
-                          headroom=opts.recipe.component(traced.name).activation_headroom,
-                          per_channel_linears=opts.recipe.component(traced.name).per_channel_linears,
-                          weight_rounding=opts.recipe.component(traced.name).weight_rounding)
+                          **_lowering_options(opts, traced.name))
                  for i, b in enumerate(blocks)]
     jobs = {}
     for p in precisions:

@@ -268,3 +268,17 @@ def test_default_plan_attempts_w8a8_and_w4a16_for_spark_only():
     only = {b.precision for b in plan(RunOptions(get_recipe("spark"), t, Path("unused"),
                                                  precisions=(Precision.W8A16,))).builds}
     assert only == {Precision.W8A16}
+
+
+def test_default_geometry_w8a16_prefill_is_accepted_with_gptq_weights(tiny, tmp_path):
+    """Issue 9 at the default 128 / 1024: with nearest-rounded int8 weights the demo prefill scored 29.4 dB
+    (worst output, ORT CPU; 29.3 on the HTP) under the 30 dB gate; GPTQ weights (exporters/gptq.py) give
+    34.8. ORT CPU only: the HTP agrees within 0.2 dB (README)."""
+    out = tmp_path / "out"
+    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "w8a16",
+            "-f", "onnx", "--components", "prefill", "--no-attribution", "-q", "--e2e-tokens", "0", check=False)
+    b = read_manifest(out)["builds"][0]
+    assert b["status"] == "accepted", b["reason"]
+    assert min(o["snr_db"] for o in b["parity"]["outputs"]) >= 32
+    rounding = b["details"]["weight_rounding"]
+    assert rounding["method"] == "gptq" and rounding["weights_rounded"] == rounding["weights_seen"] == 25

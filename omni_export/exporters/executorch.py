@@ -205,8 +205,9 @@ def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, p
     """Write a .pte; returns details for the manifest. Quantized builds need calibration args.
     `weight_rounding` "gptq" rounds the w8a16 int8 weights of Linear layers by GPTQ over the
     calibration args (exporters/gptq.py); the PT2E w8a8 build keeps its quantizer's rounding."""
-    if weight_rounding not in ("nearest", "gptq"):
-        raise ValueError(f"weight_rounding must be 'nearest' or 'gptq', got {weight_rounding!r}")
+    from .gptq import check_method
+
+    check_method(weight_rounding)
     try:
         return _export_pte(module, example, path, precision, calibration, weight_rounding)
     finally:

@@ -71,6 +71,15 @@ class Moments:
         return self.n[0] + self.n[1]
 
 
+METHODS = ("nearest", "gptq")
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"weight_rounding must be one of {', '.join(METHODS)}; got {method!r}")
+    return method
+
+
 def sidecar(qdq: Path) -> Path:
     return qdq.with_name(qdq.name + ".rounding.json")
 
@@ -94,6 +103,7 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
     src = onnx.load(str(fp32), load_external_data=False)
     by_output = {n.output[0]: n for n in src.graph.node if n.output}
     by_name = {n.name: n for n in src.graph.node if n.name}
+    src_inits = {i.name for i in src.graph.initializer}
 
     targets, skipped = [], []
     for n in g.node:
@@ -107,7 +117,7 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
         ref = by_name.get(n.name) if n.name else by_output.get(n.output[0])
         if ref is not None and ref.op_type != n.op_type:
             ref = None
-        why = _unsupported(n, w_init, ref, consumers, dq)
+        why = _unsupported(n, w_init, ref, consumers, dq, src_inits)
         if why:
             skipped.append({"node": n.name or n.output[0], "why": why})
             continue
@@ -135,9 +145,11 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
     return report
 
 
-def _unsupported(n, w_init, ref, consumers, dq) -> str:
+def _unsupported(n, w_init, ref, consumers, dq, src_inits) -> str:
     if ref is None or len(ref.input) < 2:
         return "no matching node in the fp32 graph"
+    if ref.input[1] not in src_inits:
+        return "weight is not a constant of the fp32 graph"
     if consumers.get(dq.output[0], 0) != 1 or consumers.get(dq.input[0], 0) != 1:
         return "weight shared by several nodes"
     dims = list(w_init.dims)

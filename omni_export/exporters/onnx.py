@@ -300,6 +300,9 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
+    from .gptq import check_method
+
+    check_method(weight_rounding)
     if not calibration:
         raise ValueError("quantization needs calibration data; none was given")
     act = {Precision.W8A16: QuantType.QUInt16, Precision.W8A8: QuantType.QUInt8,
@@ -345,8 +348,6 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
         from .gptq import round_weights
 
         round_weights(Path(src), dst, calibration)
-    elif weight_rounding != "nearest":
-        raise ValueError(f"weight_rounding must be 'nearest' or 'gptq', got {weight_rounding!r}")
     return dst
 
 

@@ -137,7 +137,6 @@ def count_op(ep, op, when: Callable | None = None) -> int:
     return sum(1 for n in ep.graph.nodes if n.op == "call_function" and n.target in ops and (when is None or when(n)))
 
 
-
 def apply(ep, names: tuple[str, ...]):
     """Return (rewritten program, {rewrite name: ops replaced}). Unknown names raise KeyError.
     Decompositions run first (one pass), then graph passes on a copy of the program."""

@@ -69,7 +69,8 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                         forced = [model.teacher_forced(built, u, r, opts)[0] for u, r in zip(utts, reference)]
                     mels = _mels(model, built, reference) if flow else []
                     wavs = _wavs(model, built, mels) if vocoder and mels else []
-                    # HiFT on the HTP simulator is slow (~100 s per fp16 call at the default window):
+                    # HiFT on the HTP simulator is slow at the default window (scoring its fp16 and
+                    # w8a16 context binaries on 2 held-out calls each took ~400 s, run side by side):
                     # the all-at-precision comparison runs on the first utterance only, and with
                     # hift_f0 built at fp32 on the CPU, the built hift_f0 *is* the fp32 f0 (its fp32
                     # ONNX scores 135 dB), so "the built hift alone" is the same run as hift_wavs
