@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, qnn_ep
 from .commands import hub as hub_cli
 from .commands import reports
 from .commands.group import OneLineErrors
@@ -147,7 +147,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
-                 rewrites, jobs, gate, sim_samples, quiet, debug, summary_to, **recipe_opts):
+                 rewrites, jobs, gate, sim_samples, htp_optimization, quiet, debug, summary_to, **recipe_opts):
         from .pipeline import RunOptions, run
 
         try:
@@ -163,7 +163,8 @@ def _recipe_command(name: str) -> click.Command:
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
-                jobs=jobs or default_jobs(), gates=parse_gates(gate), sim_samples=sim_samples)
+                jobs=jobs or default_jobs(), gates=parse_gates(gate), sim_samples=sim_samples,
+                htp_finalize=htp_optimization)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
             with _native_stdout_to_stderr():
@@ -224,6 +225,12 @@ def _recipe_command(name: str) -> click.Command:
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
                           "graphs past 256 MB of weights (the simulator takes 25 s per 0.6B talker step); "
                           "0: all. ORT CPU always scores every held-out sample"),
+        click.Option(["--htp-optimization"], type=click.Choice(list(qnn_ep.FINALIZE_MODES)),
+                     default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
+                     help="QNN HTP graph finalization for context binaries and simulator runs: 1 prepares "
+                          "fast (the 0.6B fused predictor frame: 23 s), 2 (QNN's default) and 3 search "
+                          "longer for a faster on-device graph (450 s for that frame at QNN's default). Use 2 or 3 for the "
+                          "context binaries you ship; DLCs are the same at every level"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

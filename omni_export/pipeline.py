@@ -14,6 +14,7 @@ from .artifacts import reproducibility as repro
 from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
 from .faults import crash_point
+from .qnn_ep import DEFAULT_FINALIZE
 from .recipes import load_callable
 from .targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
 
@@ -44,6 +45,7 @@ class RunOptions:
     gates: dict = field(default_factory=dict)      # Precision -> dB, overrides the recipe's gates
     e2e: tuple[str, ...] | None = None             # runner kinds for end-to-end parity; None: the target's
     sim_samples: int | None = None                 # held-out samples on slow runners; None: auto, 0: all
+    htp_finalize: str | None = DEFAULT_FINALIZE    # QNN HTP graph finalization mode (qnn_ep); None: QNN's
 
 
 @dataclass
@@ -327,7 +329,8 @@ def _lowering_options(opts: RunOptions, component: str) -> dict:
     component's QDQ choices."""
     c = opts.recipe.component(component)
     return {"rewrites": _rewrites(opts), "headroom": c.activation_headroom,
-            "per_channel_linears": c.per_channel_linears, "weight_rounding": c.weight_rounding}
+            "per_channel_linears": c.per_channel_linears, "weight_rounding": c.weight_rounding,
+            "htp_finalize": opts.htp_finalize}
 
 
 def _recipe_options(opts: RunOptions) -> dict:
@@ -636,7 +639,7 @@ def _manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, 
                     "formats": sorted({b.format.value for b in the_plan.builds}),
                     "attribution": opts.attribution, "rewrites": list(_rewrites(opts)), "jobs": opts.jobs,
                     "gates_db": {p.value: v for p, v in opts.gates.items()},
-                    "sim_samples": opts.sim_samples,
+                    "sim_samples": opts.sim_samples, "htp_optimization": opts.htp_finalize,
                     "recipe_options": _recipe_options(opts)},
         "toolchain": mf.toolchain(),
         "host": mf.host(),

@@ -92,6 +92,23 @@ def test_a_component_headroom_changes_the_activation_ranges(mlp, tmp_path):
     assert scale_of(wide, "h") == pytest.approx(2 * scale_of(tight, "h"), rel=1e-3)
 
 
+@pytest.mark.parametrize("precision", [Precision.W8A16, Precision.W4A16])
+def test_calibrating_once_gives_the_same_qdq_model(mlp, tmp_path, precision):
+    """Our MinMax pass sets every activation's range, so the quantizer's own calibration is given one
+    call: the QDQ model is the one it makes from all of them (every initializer, every node)."""
+    src, calib, _ = mlp
+    models = {}
+    for once in (True, False):
+        q = ox.quantize_qdq(src, tmp_path / str(once) / "q.onnx", calib, precision, calibrate_once=once)
+        m = onnx.load(str(q))
+        models[once] = ({i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer},
+                        [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node])
+    assert models[True] == models[False]
+    # and the single call alone would not give these ranges: calibrating on it changes the scales
+    alone = ox.quantize_qdq(src, tmp_path / "alone" / "q.onnx", calib[:1], precision)
+    assert {i.name: numpy_helper.to_array(i).tobytes() for i in onnx.load(str(alone)).graph.initializer} != models[True][0]
+
+
 def _attention_scores(path):
     """q [1, 2, 16, 32], k [1, 2, 112, 32] -> q @ k^T: attention's activation x activation MatMul."""
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),

@@ -99,7 +99,8 @@ class BuildCache:
         self.base = {"key_version": KEY_VERSION, "recipe": [opts.recipe.name, opts.recipe.version],
                      "checkpoint": self.checkpoint["digest"], "toolchain": toolchain, "source": source_digest(),
                      "target": [t.name, t.soc, t.soc_model, t.htp_arch], "rewrites": list(rewrites),
-                     "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None)}
+                     "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None),
+                     "htp_finalize": getattr(opts, "htp_finalize", None)}
         self.keys: dict[str, str] = {}            # component -> component key (this run)
         self.hits: set[str] = set()
 

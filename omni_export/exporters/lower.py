@@ -50,8 +50,10 @@ class Lowering:
 
     def __init__(self, traced, target: Target, work: Path, rewrites: tuple[str, ...] = (),
                  headroom: dict | None = None, per_channel_linears: bool = False,
-                 weight_rounding: str = "nearest"):
+                 weight_rounding: str = "nearest", htp_finalize: str | None = None):
         self.traced, self.target, self.work = traced, target, work
+        self.htp_finalize = htp_finalize          # QNN graph finalization mode (qnn_ep.provider_options)
+        self.shared_weights = 0
         self.headroom = dict(headroom or {})      # {Precision: fraction}: the component's override
         self.per_channel_linears = per_channel_linears
         self.weight_rounding = weight_rounding
@@ -113,9 +115,23 @@ class Lowering:
         from .. import qnn_ep
 
         src = self.onnx(Precision.FP32 if precision == Precision.FP16 else precision)
+        if precision == Precision.FP16:
+            src = self._qnn_fp32()
         opts = qnn_ep.provider_options(self.target.soc_model, self.target.htp_arch,
-                                       fp16=precision == Precision.FP16)
+                                       fp16=precision == Precision.FP16, finalize=self.htp_finalize)
         return src, opts
+
+    def _qnn_fp32(self) -> Path:
+        """The fp32 ONNX the QNN EP compiles at fp16: weights several MatMuls share passed so that
+        the EP keeps one copy of each (onnx.share_matmul_weights); the fp32 ONNX itself otherwise."""
+        from . import onnx as ox
+
+        if "qnn-fp32" not in self._onnx:
+            src = self.onnx(Precision.FP32)
+            dst = self.work / "fp32.qnn.onnx"
+            self.shared_weights = ox.share_matmul_weights(src, dst)
+            self._onnx["qnn-fp32"] = dst if self.shared_weights else src
+        return self._onnx["qnn-fp32"]
 
     @property
     def placement(self):
@@ -190,6 +206,10 @@ class Lowering:
                            else "fp16 weights and compute, fp32 I/O (Cast at the edges)")
         else:
             d["scheme"] = "fp32"
+        if qnn:
+            d["htp_graph_finalization"] = self.htp_finalize or "QNN default"
+            if p == Precision.FP16 and self.shared_weights:
+                d["shared_matmul_weights"] = self.shared_weights
         return d
 
     def _rounding(self, p: Precision):

@@ -194,6 +194,73 @@ def to_fp16(src: Path, dst: Path) -> Path:
     return dst
 
 
+def share_matmul_weights(src: Path, dst: Path) -> int:
+    """Write `src` as `dst` with every 2-D weight that several MatMuls read (an initializer, or the
+    Transpose of one) fed to them as one [1, K, N] value; returns how many weights; 0 writes nothing.
+
+    The QNN EP turns a MatMul by a 2-D constant into a FullyConnected with its own transposed copy
+    of the weight, one copy per MatMul (onnxruntime's matmul_op_builder names each
+    `<weight>_transpose` uniquely): the fused predictor frame reads each decoder weight in 15
+    unrolled steps, so its fp16 DLC held 15 copies (4.98 GB for 0.58 GB of fp32 weights at 0.6B).
+    A 3-D constant takes the QNN MatMul path, whose static weight is added once by name and shared.
+    Same values (a leading broadcast dim of 1); only MatMuls whose activation is at least 3-D (the
+    output keeps its rank) are changed. Weights stay where they are on disk: external data is
+    hard-linked, not copied."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src), load_external_data=False)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in (*g.value_info, *g.input, *g.output)
+            if v.type.tensor_type.HasField("shape")}
+    transposed = {n.output[0] for n in g.node if n.op_type == "Transpose" and n.input[0] in inits
+                  and len(inits[n.input[0]].dims) == 2}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        if n.op_type == "MatMul" and len(n.input) == 2 and (
+                n.input[1] in transposed or (n.input[1] in inits and len(inits[n.input[1]].dims) == 2)):
+            readers.setdefault(n.input[1], []).append(n)
+    shared = {w: ns for w, ns in readers.items() if len(ns) > 1 and all(rank.get(n.input[0], 0) >= 3 for n in ns)}
+    if not shared:
+        return 0
+    axes = numpy_helper.from_array(np.array([0], np.int64), "omni_share__axis0")
+    g.initializer.append(axes)
+    unsq = {}
+    for w, ns in shared.items():
+        out = f"{w}__shared3d"
+        unsq[w] = helper.make_node("Unsqueeze", [w, axes.name], [out], name=f"{out}__unsqueeze")
+        for n in ns:
+            n.input[1] = out
+    nodes = [unsq[w] for w in shared if w in inits]           # an initializer: first
+    for n in g.node:
+        nodes.append(n)
+        nodes.extend(unsq[o] for o in n.output if o in unsq and o not in inits)
+    del g.node[:]
+    g.node.extend(nodes)
+    src_data = data_file(src)
+    if not src_data.exists():
+        _save(model, dst)
+        return len(shared)
+    dst_data = data_file(dst)
+    dst_data.unlink(missing_ok=True)
+    try:
+        os.link(src_data, dst_data)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src_data, dst_data)
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = dst_data.name
+    onnx.save(model, str(dst))
+    return len(shared)
+
+
 def _external(tensor) -> dict:
     return {e.key: e.value for e in tensor.external_data}
 
@@ -290,13 +357,18 @@ HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
                  headroom: float | None = None, per_channel_linears: bool = False,
-                 weight_rounding: str = "nearest") -> Path:
+                 weight_rounding: str = "nearest", calibrate_once: bool = True) -> Path:
     """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) weights (per channel
     for Conv; per tensor for MatMul, which the QNN EP cannot take per channel, unless
     `per_channel_linears` lowers the linears as 1x1 Conv first),
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
     (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them.
-    `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py)."""
+    `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
+
+    The calibration inputs run through the fp32 model once: with headroom, every activation's range
+    comes from our own MinMax pass (`activation_ranges`) as an override, so ONNX Runtime's quantizer,
+    which always calibrates, is given one call instead of all of them (`calibrate_once`; the same
+    QDQ model, tests/test_qdq_options.py). Both passes took 525 s on the 0.6B fused predictor frame."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -311,13 +383,13 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     logging.getLogger().setLevel(logging.ERROR)   # ORT prints pre-processing advice at WARNING
     if per_channel_linears:
         src = linears_as_conv(src, dst.with_name(dst.name.replace(".onnx", "") + ".conv.onnx"))
-    # the path, not a loaded model: the config reads the graph only (weights may be external)
-    cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act,
-                             weight_type=weight, per_channel=True)
     headroom = HEADROOM[precision] if headroom is None else float(headroom)
     second = activation_matmul_operands(src) if act == QuantType.QUInt16 else {}
-    overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
     ranges = activation_ranges(src, calibration, dst.parent) if headroom or second else {}
+    # the path, not a loaded model: the config reads the graph only (weights may be external)
+    reader = _Reader(calibration[:1] if calibrate_once and headroom else calibration)
+    cfg = get_qnn_qdq_config(Path(src), reader, activation_type=act, weight_type=weight, per_channel=True)
+    overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
 
     def padded(lo, hi) -> dict:
         # a tensor never negative in calibration (ReLU, abs, squares, sqrt) is not padded below zero:

@@ -134,7 +134,8 @@ def _runner_options(m: dict, kind: str):
         from ... import qnn_ep
 
         t = m["target"]
-        return qnn_ep.provider_options(t["soc_model"], t["htp_arch"], fp16=precision == "fp16")
+        return qnn_ep.provider_options(t["soc_model"], t["htp_arch"], fp16=precision == "fp16",
+                                       finalize=(m.get("options") or {}).get("htp_optimization"))
     return opts
 
 
