@@ -78,6 +78,13 @@ class _Int8Weight(nn.Module):
             wq = torch.from_numpy(ints).to(torch.int8)
         else:
             wq = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+        if self.kind == "Linear":
+            # stored [in, out] and applied as a batched matmul: XNNPACK takes a bmm of two computed
+            # tensors but not a linear whose weight is computed, so each F.linear would be a portable
+            # mm splitting the program (the 0.6B talker decode: ~200 XNNPACK partitions, and
+            # ExecuTorch's lowering is quadratic in them). The int8 -> fp16 casts read only
+            # constants and run before the delegate.
+            wq, scale = wq.t().contiguous(), scale.reshape(1, -1)
         self.register_buffer("wq", wq)
         self.register_buffer("scale", scale)
         del layer.weight
@@ -86,7 +93,9 @@ class _Int8Weight(nn.Module):
         w = self.wq.to(x.dtype) * self.scale.to(x.dtype)
         m = self.layer
         if self.kind == "Linear":
-            return F.linear(x, w, m.bias)
+            k, n = w.shape
+            y = torch.bmm(x.reshape(1, -1, k), w.reshape(1, k, n)).reshape(*x.shape[:-1], n)
+            return y if m.bias is None else y + m.bias.to(x.dtype)
         if self.kind == "Conv1d":
             return F.conv1d(x, w, m.bias, m.stride, m.padding, m.dilation, m.groups)
         return F.conv_transpose1d(x, w, m.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)

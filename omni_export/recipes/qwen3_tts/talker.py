@@ -28,11 +28,12 @@ PREDICTOR_SLOTS = 17
 
 
 class _Xnnpack:
-    """While an ExecuTorch program is traced through `_XnnpackFrame`, two ops are written in forms
+    """While an ExecuTorch program is traced through `_XnnpackForms`, three ops are written in forms
     XNNPACK delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only
-    averages 4-D inputs over the last two dims) and grouped-query attention by folding the query
+    averages 4-D inputs over the last two dims), grouped-query attention by folding the query
     groups into rows instead of repeating K/V (repeat_interleave lowers to expand_copy, which
-    XNNPACK does not take). Every other trace (ONNX, QNN, eager) is unchanged."""
+    XNNPACK does not take), and SiLU as x * sigmoid(x) (F.silu on fp16 decomposes to an fp32 SiLU
+    between two casts XNNPACK does not take). Every other trace (ONNX, QNN, eager) is unchanged."""
     on = False
     rows: dict = {}          # width -> the tracing module's [1, width] buffer of 1/width
 
@@ -121,7 +122,10 @@ class DecoderLayer(nn.Module):
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_k, past_v)
         x = x + a
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), k, v
+        gate = self.gate_proj(h)
+        # x * sigmoid(x) as such for XNNPACK: F.silu on fp16 decomposes to an fp32 one between casts
+        act = gate * torch.sigmoid(gate) if _Xnnpack.on else F.silu(gate)
+        return x + self.down_proj(act * self.up_proj(h)), k, v
 
 
 class Decoder(nn.Module):
@@ -174,6 +178,32 @@ def _interleave(keys, vals):
 
 # ------------------------------------------------------------------------------------------ talker
 
+class _XnnpackForms(nn.Module):
+    """`inner` traced with its decoder in XNNPACK forms (`_Xnnpack`; same values), so the whole graph
+    is one XNNPACK delegate. In their plain forms each RMS mean, K/V repeat, unsqueeze and fp16 SiLU
+    is an op XNNPACK does not take: the 0.6B talker decode graph lowered in 226 XNNPACK partitions,
+    and ExecuTorch's lowering is quadratic in them (each partition re-legalises the whole graph):
+    its fp16 .pte took 250-380 s to lower, and ~100 s as one partition."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        widths = sorted({m.weight.shape[0] for m in inner.modules() if isinstance(m, RMSNorm)})
+        for n in widths:
+            self.register_buffer(f"mean_row{n}", torch.full((1, n), 1.0 / n))
+        self.widths = widths
+
+    def forward(self, *args):
+        _Xnnpack.on, _Xnnpack.rows = True, {n: getattr(self, f"mean_row{n}") for n in self.widths}
+        try:
+            return self.run(*args)
+        finally:
+            _Xnnpack.on, _Xnnpack.rows = False, {}
+
+    def run(self, *args):
+        return self.inner(*args)
+
+
 class TextProjection(nn.Module):
     """talker.text_projection: fc1 -> SiLU -> fc2 (both with bias), text width -> talker width."""
 
@@ -194,6 +224,9 @@ class TalkerStep(nn.Module):
         super().__init__()
         self.decoder = load_decoder(c.talker, tensors, "talker.model.")
         self.codec_head = _linear(tensors, "talker.codec_head.weight")
+
+    def executorch_variant(self) -> nn.Module:
+        return _XnnpackForms(self).eval()
 
     def forward(self, inputs_embeds, cos, sin, attn_mask, *past):
         hidden, keys, vals = self.decoder(inputs_embeds, cos, sin, attn_mask, past)
@@ -238,6 +271,9 @@ class PredictorPrefill(nn.Module):
         super().__init__()
         self.core = core
 
+    def executorch_variant(self) -> nn.Module:
+        return _XnnpackForms(self).eval()
+
     def forward(self, past_hidden, code0):
         c = self.core
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
@@ -254,6 +290,9 @@ class PredictorDecode(nn.Module):
         super().__init__()
         self.core = core
         self.register_buffer("slots", torch.arange(PREDICTOR_SLOTS, dtype=torch.int32))
+
+    def executorch_variant(self) -> nn.Module:
+        return _XnnpackForms(self).eval()
 
     def forward(self, code, step, *past):
         c = self.core
@@ -326,7 +365,7 @@ class PredictorFrame(nn.Module):
                 torch.cat(margins, dim=1))
 
 
-class _XnnpackFrame(nn.Module):
+class _XnnpackFrame(_XnnpackForms):
     """`PredictorFrame` for ExecuTorch: with top-k, argmax and an embedding gather between the
     steps, XNNPACK delegates each step separately and ExecuTorch copies the shared decoder weights
     into every partition (21 GiB RssAnon at 0.6B before it was stopped). Here the selection uses
@@ -342,9 +381,9 @@ class _XnnpackFrame(nn.Module):
     XNNPACK forms (`_Xnnpack`)."""
 
     def __init__(self, frame: PredictorFrame):
-        super().__init__()
+        super().__init__(frame.core)
         c = frame.core
-        self.core, self.top_k = c, frame.top_k
+        self.top_k = frame.top_k
         self.register_buffer("ones", torch.ones(1, c.vocab))
         self.register_buffer("ones_w", torch.ones(1, SELECT_WAYS))
         self.register_buffer("index", torch.arange(c.vocab, dtype=torch.float32)[None])
@@ -354,11 +393,6 @@ class _XnnpackFrame(nn.Module):
         for s in range(c.groups - 1):
             self.register_buffer(f"head{s}", c.heads[s].clone())
             self.register_buffer(f"table{s}", c.tables[s].T.contiguous())
-        # the RMS means' 1/n rows, as buffers of this module (a linear's weight must be one)
-        widths = sorted({m.weight.shape[0] for m in c.modules() if isinstance(m, RMSNorm)})
-        for n in widths:
-            self.register_buffer(f"mean_row{n}", torch.full((1, n), 1.0 / n))
-        self.widths = widths
 
     def _pick(self, logits, noise, table):
         dt = logits.dtype
@@ -391,15 +425,8 @@ class _XnnpackFrame(nn.Module):
         second = _amax(scores - hot * big)
         return F.linear(hot, index), best - second, F.linear(hot, table).reshape(1, 1, -1)
 
-    def forward(self, past_hidden, code0, noise):
-        _Xnnpack.on, _Xnnpack.rows = True, {n: getattr(self, f"mean_row{n}") for n in self.widths}
-        try:
-            return self._forward(past_hidden, code0, noise)
-        finally:
-            _Xnnpack.on, _Xnnpack.rows = False, {}
-
-    def _forward(self, past_hidden, code0, noise):
-        c = self.core
+    def run(self, past_hidden, code0, noise):
+        c = self.inner
         total = c.embed(0, code0)
         x = c.project(torch.cat([past_hidden, total], dim=1))
         keys = vals = None
