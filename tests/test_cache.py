@@ -94,3 +94,22 @@ def test_unchanged_build_is_reused_and_changes_rebuild_what_they_affect(ckpt, tm
     run_cli(*one, check=True)
     assert hits(read_manifest(out)) == {"text_projection": False}
     jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
+
+
+def test_htp_optimization_reaches_the_context_binary_and_its_cache_key(ckpt, tmp_path):
+    """--htp-optimization is the QNN finalization mode of the context binary (recorded per build and
+    in the options) and part of the key: a different level rebuilds, the same one is reused."""
+    out = tmp_path / "out"
+    args = ["qwen3-tts", "--components", "text_projection", "--formats", "ctx", "--precision", "fp16",
+            "--no-attribution", "--json", "--checkpoint", str(ckpt), "--out", str(out)]
+    run_cli(*args, "--htp-optimization", "2", check=True)
+    m = read_manifest(out)
+    assert m["options"]["htp_optimization"] == "2"
+    assert [b["details"]["htp_graph_finalization"] for b in m["builds"]] == ["2"]
+    run_cli(*args, "--htp-optimization", "2", check=True)
+    assert hits(read_manifest(out)) == {"text_projection": True}
+    run_cli(*args, check=True)                                   # the default, 1
+    m = read_manifest(out)
+    assert hits(m) == {"text_projection": False}
+    assert m["options"]["htp_optimization"] == "1" and m["builds"][0]["details"]["htp_graph_finalization"] == "1"
+    assert m["builds"][0]["status"] == "accepted"

@@ -204,8 +204,7 @@ def share_matmul_weights(src: Path, dst: Path) -> int:
     unrolled steps, so its fp16 DLC held 15 copies (4.98 GB for 0.58 GB of fp32 weights at 0.6B).
     A 3-D constant takes the QNN MatMul path, whose static weight is added once by name and shared.
     Same values (a leading broadcast dim of 1); only MatMuls whose activation is at least 3-D (the
-    output keeps its rank) are changed. Weights stay where they are on disk: external data is
-    hard-linked, not copied."""
+    output keeps its rank) are changed. External data is copied beside `dst` (streamed)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -242,14 +241,12 @@ def share_matmul_weights(src: Path, dst: Path) -> int:
     if not src_data.exists():
         _save(model, dst)
         return len(shared)
-    dst_data = data_file(dst)
-    dst_data.unlink(missing_ok=True)
-    try:
-        os.link(src_data, dst_data)
-    except OSError:
-        import shutil
+    import shutil
 
-        shutil.copyfile(src_data, dst_data)
+    dst_data = data_file(dst)
+    # a copy, not a hard link: onnx refuses to read external data with several links (its guard
+    # against hard-link attacks), so a link would break every later load of `src`
+    shutil.copyfile(src_data, dst_data)
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     for t in _get_all_tensors(model):
