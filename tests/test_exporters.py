@@ -1,4 +1,5 @@
 """Each exporter and runner on a tiny graph: real ONNX Runtime, QNN HTP simulator, ExecuTorch."""
+import copy
 import zipfile
 
 import numpy as np
@@ -11,7 +12,7 @@ from omni_export.exporters import onnx as ox
 from omni_export.exporters.executorch import export_pte
 from omni_export.exporters.lower import Lowering
 from omni_export.parity.metrics import snr
-from omni_export.parity.runners import RunnerSpec, run_all
+from omni_export.parity.runners import RunnerSpec, open_runner, run_all
 from omni_export.targets import TARGETS
 from omni_export.trace import trace
 
@@ -124,6 +125,70 @@ def test_pte_w8a16_stores_int8_weights(tmp_path):
     assert details["int8_layers"] == 2
     # 2 x 256 x 256 weights: 256 KiB in fp16, 128 KiB in int8
     assert (tmp_path / "b.pte").stat().st_size < 0.6 * (tmp_path / "a.pte").stat().st_size
+
+
+class _Convs(torch.nn.Module):
+    """The conv shapes Code2Wav uses: dilated causal conv, 1x1, depthwise, transposed (K = 2s, K = s,
+    K not a multiple of s)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dil = torch.nn.Conv1d(16, 24, 7, dilation=3)
+        self.pw = torch.nn.Conv1d(24, 24, 1)
+        self.dw = torch.nn.Conv1d(24, 24, 7, groups=24)
+        self.up2 = torch.nn.ConvTranspose1d(24, 12, 4, stride=2)
+        self.up3 = torch.nn.ConvTranspose1d(12, 8, 3, stride=3, bias=False)
+        self.up5 = torch.nn.ConvTranspose1d(8, 8, 7, stride=2)
+
+    def forward(self, x):
+        h = torch.nn.functional.pad(x, (18, 0))
+        h = self.pw(torch.tanh(self.dil(h)))
+        h = self.dw(torch.nn.functional.pad(h, (6, 0)))
+        return self.up5(self.up3(self.up2(h)))
+
+
+def test_int8_conv_layers_compute_the_dequantized_conv_in_xnnpack_ops(tmp_path):
+    """The w8a16 .pte's int8 convs (bmm of shifted taps, depthwise multiply-adds, transposed convs as
+    interleaved phases) equal the plain conv with the dequantized weight, and the whole program lowers
+    to XNNPACK: no convolution is left to the portable kernels (they took minutes per Code2Wav chunk)."""
+    from omni_export.exporters import executorch as et
+
+    torch.manual_seed(0)
+    m = _Convs().eval()
+    x = torch.randn(1, 16, 40)
+    q = copy.deepcopy(m)
+    assert et._int8_weights(q) == 6
+    layers = [l for l in q.modules() if isinstance(l, et._Int8Weight)]
+    assert sorted(l.form for l in layers) == ["depthwise", "phases", "phases", "phases", "taps", "taps"]
+    for l in layers:                       # each against F.conv* with its dequantized weight
+        l.form, plain = "conv", l.form
+        w = (l.wq.float() * l.scale)
+        l.form = plain
+        ref_w = l._plain_weight(w)
+        inp = torch.randn(1, l.layer.in_channels, 30)
+        if l.kind == "Conv1d":
+            ref = torch.nn.functional.conv1d(inp, ref_w, l.layer.bias, 1, 0, l.layer.dilation, l.layer.groups)
+        else:
+            ref = torch.nn.functional.conv_transpose1d(inp, ref_w, l.layer.bias, l.layer.stride)
+        out = l(inp)
+        assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-5, rtol=1e-5), l.form
+    with torch.no_grad():
+        ref = m(x).numpy()
+        assert snr(ref, q(x).numpy()) > 30                  # int8 weights, fp32 compute
+    path = tmp_path / "w.pte"
+    export_pte(m, (x,), path, Precision.W8A16)
+    runner = open_runner(RunnerSpec("executorch", str(path), ("x",), ("y",)))
+    assert snr(ref, runner.run({"x": x.numpy()})["y"]) > 30
+    runner.close()
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    inner = copy.deepcopy(m)
+    et._int8_weights(inner)
+    ep = torch.export.export(et._CastIO(inner.half(), torch.float16).eval(), (x,))
+    g = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).exported_program().graph
+    left = {str(n.target) for n in g.nodes if n.op == "call_function"}
+    assert not [t for t in left if "convolution" in t or "bmm" in t or ".mm" in t], left
 
 
 def test_pte_lowering_leaves_no_copy_of_the_weights_alive(tmp_path):

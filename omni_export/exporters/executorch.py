@@ -60,7 +60,22 @@ class _CastIO(nn.Module):
 
 
 class _Int8Weight(nn.Module):
-    """A Linear / Conv1d / ConvTranspose1d whose weight is stored int8 per output channel."""
+    """A Linear / Conv1d / ConvTranspose1d whose weight is stored int8 per output channel.
+
+    Applied in ops XNNPACK takes. XNNPACK has no weight-only int8 kernel and its linear and
+    convolution want a constant weight, not the dequantized one computed here; as portable ops
+    they split the program into one XNNPACK partition per layer (the 0.6B talker decode: ~200, and
+    ExecuTorch's lowering is quadratic in them) and the portable conv kernels run code2wav's
+    chunks in minutes. XNNPACK does take a bmm of two computed tensors, so:
+      Linear           x @ W^T as one bmm;
+      Conv1d           (stride 1, groups 1, no padding: the recipes pad outside) the K taps'
+                       shifted slices of x stacked on the channel axis, one bmm with W as
+                       [Cout, K * Cin]; depthwise (groups = channels) as K multiply-adds;
+      ConvTranspose1d  (groups 1, no padding) one bmm gives every tap's [Cout, T] product; taps
+                       are interleaved s at a time (stride s) and the ceil(K / s) phases
+                       overlap-added with pads.
+    Other configurations keep F.conv1d / F.conv_transpose1d. The int8 -> compute dtype casts read
+    only constants and run before the delegate."""
 
     def __init__(self, layer: nn.Module, hessian=None):
         super().__init__()
@@ -78,27 +93,94 @@ class _Int8Weight(nn.Module):
             wq = torch.from_numpy(ints).to(torch.int8)
         else:
             wq = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
-        if self.kind == "Linear":
-            # stored [in, out] and applied as a batched matmul: XNNPACK takes a bmm of two computed
-            # tensors but not a linear whose weight is computed, so each F.linear would be a portable
-            # mm splitting the program (the 0.6B talker decode: ~200 XNNPACK partitions, and
-            # ExecuTorch's lowering is quadratic in them). The int8 -> fp16 casts read only
-            # constants and run before the delegate.
+        self.form = self._form(layer)
+        if self.form == "bmm":                     # [in, out]
             wq, scale = wq.t().contiguous(), scale.reshape(1, -1)
+        elif self.form == "taps":                  # [Cout, K * Cin], tap-major columns
+            cout, cin, k = wq.shape
+            wq, scale = wq.permute(0, 2, 1).reshape(cout, k * cin).contiguous(), scale.reshape(cout, 1)
+        elif self.form == "depthwise":             # [K, C, 1]
+            wq, scale = wq.permute(2, 0, 1).contiguous(), scale.reshape(1, -1, 1)
+        elif self.form == "phases":                # [P * s * Cout, Cin], rows (tap, out)
+            cin, cout, k = wq.shape
+            s = layer.stride[0]
+            taps = -(-k // s) * s
+            wide = torch.zeros(cin, cout, taps, dtype=wq.dtype)
+            wide[:, :, :k] = wq
+            wq = wide.permute(2, 1, 0).reshape(taps * cout, cin).contiguous()
+            scale = scale.reshape(1, cout).repeat(taps, 1).reshape(taps * cout, 1)
         self.register_buffer("wq", wq)
         self.register_buffer("scale", scale)
         del layer.weight
 
+    @staticmethod
+    def _form(m: nn.Module) -> str:
+        kind = type(m).__name__
+        if kind == "Linear":
+            return "bmm"
+        plain = m.padding == (0,) and m.stride == (1,) if kind == "Conv1d" else \
+            m.padding == (0,) and m.output_padding == (0,) and m.dilation == (1,)
+        if kind == "Conv1d" and plain and m.groups == 1:
+            return "taps"
+        if kind == "Conv1d" and plain and m.groups == m.in_channels == m.out_channels:
+            return "depthwise"
+        if kind == "ConvTranspose1d" and plain and m.groups == 1:
+            return "phases"
+        return "conv"
+
     def forward(self, x):
         w = self.wq.to(x.dtype) * self.scale.to(x.dtype)
         m = self.layer
-        if self.kind == "Linear":
+        bias = None if m.bias is None else m.bias.to(x.dtype)
+        if self.form == "bmm":
             k, n = w.shape
             y = torch.bmm(x.reshape(1, -1, k), w.reshape(1, k, n)).reshape(*x.shape[:-1], n)
-            return y if m.bias is None else y + m.bias.to(x.dtype)
+            return y if bias is None else y + bias
+        if self.form != "conv" and x.shape[0] == 1:
+            if self.form == "phases":
+                y = self._transposed(x, w)
+            else:
+                k, d = m.kernel_size[0], m.dilation[0]
+                t = x.shape[-1] - (k - 1) * d
+                taps = [x[:, :, j * d: j * d + t] for j in range(k)]
+                if self.form == "taps":
+                    y = torch.bmm(w.reshape(1, *w.shape), torch.cat(taps, dim=1))
+                else:
+                    y = taps[0] * w[0:1]
+                    for j in range(1, k):
+                        y = y + taps[j] * w[j:j + 1]
+            return y if bias is None else y + bias.reshape(1, -1, 1)
+        w = self._plain_weight(w)
         if self.kind == "Conv1d":
-            return F.conv1d(x, w, m.bias, m.stride, m.padding, m.dilation, m.groups)
-        return F.conv_transpose1d(x, w, m.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+            return F.conv1d(x, w, bias, m.stride, m.padding, m.dilation, m.groups)
+        return F.conv_transpose1d(x, w, bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+
+    def _transposed(self, x, w):
+        m = self.layer
+        s, k, cout = m.stride[0], m.kernel_size[0], m.out_channels
+        t = x.shape[-1]
+        phases = w.shape[0] // (s * cout)
+        z = torch.bmm(w.reshape(1, *w.shape), x).reshape(phases, s, cout, t)
+        y = None
+        for p in range(phases):
+            # taps p*s .. p*s+s-1 write samples t*s + p*s + j: interleave them, shift by p*s
+            part = z[p:p + 1].reshape(s, cout, t).permute(1, 2, 0).reshape(1, cout, t * s)
+            part = F.pad(part, (p * s, (phases - 1 - p) * s))
+            y = part if y is None else y + part
+        return y[..., : (t - 1) * s + k]
+
+    def _plain_weight(self, w):
+        """The dequantized weight in the layer's own layout (for the F.conv fallback)."""
+        m = self.layer
+        if self.form == "taps":
+            cout, cin, k = m.out_channels, m.in_channels, m.kernel_size[0]
+            return w.reshape(cout, k, cin).permute(0, 2, 1)
+        if self.form == "depthwise":
+            return w.permute(1, 2, 0)
+        if self.form == "phases":
+            cin, cout, k, s = m.in_channels, m.out_channels, m.kernel_size[0], m.stride[0]
+            return w.reshape(-1, cout, cin).permute(2, 1, 0)[:, :, :k]
+        return w
 
 
 def _int8_weights(module: nn.Module, hessians: dict | None = None, prefix: str = "") -> int:
