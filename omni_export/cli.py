@@ -229,8 +229,8 @@ def _recipe_command(name: str) -> click.Command:
                      default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
                      help="QNN HTP graph finalization for context binaries and simulator runs: 1 prepares "
                           "fast (the 0.6B fused predictor frame: 23 s), 2 (QNN's default) and 3 search "
-                          "longer for a faster on-device graph (450 s for that frame at QNN's default). Use 2 or 3 for the "
-                          "context binaries you ship; DLCs are the same at every level"),
+                          "longer for a faster on-device graph (450 s for that frame at QNN's default). "
+                          "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),
