@@ -115,6 +115,39 @@ def test_fused_frame_executorch_variant_picks_the_same_codes(tmp_path):
     assert mattered >= 2
 
 
+def test_step_graphs_lower_to_one_xnnpack_delegate_in_fp16(tmp_path):
+    """The talker decode graph's .pte form (`_XnnpackForms`: RMS mean as matmul, GQA as bmm, SiLU as
+    x*sigmoid(x)) computes what the graph does and lowers as one XNNPACK delegate; traced as written
+    it split into one partition per refused op (226 at 0.6B, quadratic lowering)."""
+    import copy
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from omni_export.exporters.executorch import _CastIO, release_lowering_caches
+
+    model = M.load(None, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    g = model.graph("talker_decode")
+    step = g.module
+    args = tuple(torch.randn(*s.shape) if s.dtype == "float32" else torch.zeros(*s.shape, dtype=torch.int64)
+                 for s in g.inputs)
+    with torch.no_grad():
+        ref, out = step(*args), step.executorch_variant()(*args)
+    for a, b in zip(ref, out):
+        assert snr(a.numpy(), b.numpy()) > 100
+
+    def delegates(module) -> int:
+        ep = torch.export.export(_CastIO(copy.deepcopy(module).half(), torch.float16).eval(), args)
+        lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).exported_program()
+        n = sum(1 for node in lowered.graph.nodes if "executorch_call_delegate" in str(node.target))
+        del ep, lowered
+        release_lowering_caches()
+        return n
+
+    assert delegates(step.executorch_variant()) == 1
+    assert delegates(step) > 1
+
+
 def test_level_partitions_are_convex_and_few():
     """One pass: a node behind an unsupported op that reads a partition lands in a later
     partition; an unsupported op reading only inputs opens none."""
