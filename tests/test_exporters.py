@@ -225,6 +225,8 @@ def test_fp16_pte_layer_norm_is_accurate_at_real_widths(tmp_path, precision):
     ep = et._fp16_safe(torch.export.export(et._CastIO(copy.deepcopy(m).half(), torch.float16).eval(), (x,)))
     ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert "aten.linear.default" in ops and not [o for o in ops if "layer_norm" in o], ops
+    plain = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(1, 4),))
+    assert et._fp16_safe(plain) is plain                # no layer_norm: not retraced
 
 
 def test_pte_lowering_leaves_no_copy_of_the_weights_alive(tmp_path):

@@ -261,8 +261,12 @@ def _layer_norm_as_means(x, normalized_shape, weight=None, bias=None, eps=1e-5, 
 
 
 def _fp16_safe(program):
-    """The program with every layer_norm decomposed into `_layer_norm_as_means` (other ops kept)."""
-    return program.run_decompositions({torch.ops.aten.layer_norm.default: _layer_norm_as_means})
+    """The program with every layer_norm decomposed into `_layer_norm_as_means` (other ops kept).
+    A program without one is returned as is: run_decompositions retraces the whole program."""
+    op = torch.ops.aten.layer_norm.default
+    if not any(n.op == "call_function" and n.target is op for n in program.graph.nodes):
+        return program
+    return program.run_decompositions({op: _layer_norm_as_means})
 
 
 def _lower(program, path: Path) -> Path:
