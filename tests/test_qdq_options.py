@@ -232,7 +232,7 @@ def test_the_indexed_quantizer_makes_the_same_qdq_model(tmp_path, monkeypatch, p
     calib = [{"x": rng.standard_normal((1, 6, 16)).astype(np.float32)} for _ in range(8)]
     original = dict(ONNXModel.__dict__)
     calls = []
-    real = ox.indexed_input_replacement
+    real = ox.linear_quantizer
 
     @contextlib.contextmanager
     def counted():
@@ -244,11 +244,11 @@ def test_the_indexed_quantizer_makes_the_same_qdq_model(tmp_path, monkeypatch, p
             ONNXModel.replace_input_of_all_nodes = lambda self, a, b: (calls.append(a), plain(self, a, b))
             yield
 
-    monkeypatch.setattr(ox, "indexed_input_replacement", counted)
+    monkeypatch.setattr(ox, "linear_quantizer", counted)
     models = {}
     for indexed in (True, False):
         if not indexed:
-            monkeypatch.setattr(ox, "indexed_input_replacement", contextlib.nullcontext)
+            monkeypatch.setattr(ox, "linear_quantizer", contextlib.nullcontext)
         q = ox.quantize_qdq(src, tmp_path / str(indexed) / "q.onnx", calib, precision)
         m = onnx.load(str(q))
         models[indexed] = ({i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer},

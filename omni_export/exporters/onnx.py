@@ -413,7 +413,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
         overrides[name] = [{**first, "convert": convert}, *rest]
     cfg.extra_options["TensorQuantOverrides"] = overrides
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with indexed_input_replacement():
+    with linear_quantizer():
         quantize(str(src), str(dst), cfg)
     if weight_rounding == "gptq":
         from .gptq import round_weights
@@ -423,7 +423,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
 
 
 @contextlib.contextmanager
-def indexed_input_replacement():
+def linear_quantizer():
     """ONNX Runtime's QDQ quantizer, with a tensor -> consuming nodes index while it runs.
 
     For every activation it quantizes, the quantizer rewires the consumers with
@@ -509,6 +509,7 @@ def _augment_graph_linear(self) -> None:
     tensors come from a set, so upstream's order between them is arbitrary too)."""
     import uuid
 
+    import onnx
     from onnx import helper, numpy_helper
 
     tensors, value_infos = self.select_tensors_to_calibrate(self.model)
@@ -531,7 +532,7 @@ def _augment_graph_linear(self) -> None:
             reduce = helper.make_node(op, [tensor], [out + "_Reshape"], keepdims=1, name=out)
             if self.per_channel:
                 axes = [0, *range(2, len(vi.type.tensor_type.shape.dim))]
-                version = next((o.version for o in self.model.opset_import if onnx_defs_has(op, o.domain)), None)
+                version = next((o.version for o in self.model.opset_import if onnx.defs.has(op, o.domain)), None)
                 if version is None:
                     raise RuntimeError(f"Model does not contain a version for '{op}'.")
                 if version < 18:
@@ -548,15 +549,7 @@ def _augment_graph_linear(self) -> None:
         graph.node.extend(before.get(i, []))
         if node is not None:
             graph.node.append(node)
-    import onnx
-
     onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
-
-
-def onnx_defs_has(op: str, domain: str) -> bool:
-    import onnx
-
-    return onnx.defs.has(op, domain)
 
 
 class _NameIndex:
