@@ -243,7 +243,7 @@ def _run(opts: RunOptions, store: Store, progress: Progress, previous: dict | No
         first = len(entries)
         components[comp_name] = _run_component(opts, loaded(), comp_name, builds, store, entries, progress)
         cache.stamp(comp_name, components[comp_name], entries[first:], builds, thresholds, created)
-        gc.collect()
+        release_memory()
     info = model.info if model is not None else previous["checkpoint"]
     manifest = _manifest(opts, info, the_plan, entries, components, time.time() - started)
     manifest["created"] = created
@@ -275,6 +275,20 @@ def _run(opts: RunOptions, store: Store, progress: Progress, previous: dict | No
     store.finish(manifest)
     failed = manifest["summary"]["components_without_accepted_build"] or manifest["summary"]["end_to_end_failed"]
     return Result(manifest, 3 if failed else 0, opts.out)
+
+
+def release_memory() -> None:
+    """Free what the last component left (its graphs, programs, weights) and hand the heap's free
+    pages back to the OS: glibc keeps freed small blocks (a model's many < 32 MB tensors) in its
+    arenas otherwise, and the next component would start from the last one's peak."""
+    import ctypes
+    import ctypes.util
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc: nothing to trim
+        pass
 
 
 def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:

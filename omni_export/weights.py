@@ -12,7 +12,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -143,8 +143,13 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
-def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_finite: bool = True) -> dict:
-    """Load the tensors `table` declares (names relative to `prefix`) as fp32 torch tensors."""
+def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_finite: bool = True,
+                 lazy: bool = False) -> Mapping:
+    """Load the tensors `table` declares (names relative to `prefix`) as fp32 torch tensors.
+
+    lazy: every tensor is read and checked now, one at a time, and none is kept; the result is a
+    LazyTensors that reads each again (as fp32) when asked for, so that only the tensors a caller
+    still holds take memory."""
     if not path.exists() and not path.is_symlink():
         raise UsageError(f"missing weight file {path}")
     header = read_header(path)
@@ -158,8 +163,13 @@ def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_fini
         if full in header and tuple(header[full]["shape"]) != tuple(decl.shape):
             raise UsageError(f"{path}: tensor '{full}' has shape {list(header[full]['shape'])}, expected "
                              f"{list(decl.shape)} from the config")
+    present = [n for n in table if prefix + n in header]
     try:
-        return _read_tensors(path, [n for n in table if prefix + n in header], prefix, check_finite)
+        if lazy:
+            if check_finite:
+                _check_finite(path, present, prefix)
+            return LazyTensors(path, present, prefix)
+        return _read_tensors(path, present, prefix, check_finite)
     except UsageError:
         raise
     except Exception as e:   # the safetensors library's own checks (offsets, metadata, dtype)
@@ -173,14 +183,86 @@ def _read_tensors(path: Path, names: list[str], prefix: str, check_finite: bool)
     out = {}
     with safe_open(str(path), framework="pt") as f:
         for name in names:
-            full = prefix + name
-            t = f.get_tensor(full).to(torch.float32)
-            if check_finite and not torch.isfinite(t).all():
-                bad = int((~torch.isfinite(t)).sum())
-                raise UsageError(f"{path}: tensor '{full}' holds {bad} NaN/Inf values; "
-                                 f"the checkpoint is corrupt")
+            t = f.get_tensor(prefix + name).to(torch.float32)
+            if check_finite:
+                _require_finite(path, prefix + name, t)
             out[name] = t
     return out
+
+
+def _require_finite(path: Path, full: str, t) -> None:
+    import torch
+
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise UsageError(f"{path}: tensor '{full}' holds {bad} NaN/Inf values; the checkpoint is corrupt")
+
+
+def _check_finite(path: Path, names: list[str], prefix: str) -> None:
+    """Every tensor finite, checked in the file's dtype, one tensor in memory at a time."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        for name in names:
+            _require_finite(path, prefix + name, f.get_tensor(prefix + name))
+
+
+class LazyTensors(Mapping):
+    """name -> fp32 torch tensor, read from a safetensors file when asked for.
+
+    A tensor whose memory someone still holds (a module's weight -- also when the module wrapped it in
+    an nn.Parameter --, a host table) is handed out again over the same memory, not read twice; one
+    nobody holds is gone and is read again on the next request. A model's components can so be built
+    one at a time with only that component's weights in memory. Nothing here keeps a tensor alive:
+    the cache holds weak references to the tensors' storage."""
+
+    def __init__(self, path: Path, names: Iterable[str], prefix: str = ""):
+        self.path, self.prefix = Path(path), prefix
+        self._names = tuple(names)
+        self._known = frozenset(self._names)
+        self._live: dict = {}        # name -> (StorageWeakRef, shape, stride, storage offset)
+
+    def __getitem__(self, name: str):
+        import torch
+
+        t = self._alive(name)
+        if t is not None:
+            return t
+        if name not in self._known:
+            raise KeyError(name)
+        from safetensors import safe_open
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        with safe_open(str(self.path), framework="pt") as f:
+            t = f.get_tensor(self.prefix + name).to(torch.float32)
+        self._live[name] = (StorageWeakRef(t.untyped_storage()), t.shape, t.stride(), t.storage_offset())
+        return t
+
+    def _alive(self, name: str):
+        import torch
+
+        entry = self._live.get(name)
+        if entry is None:
+            return None
+        ref, shape, stride, offset = entry
+        storage = None if ref.expired() else torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        if storage is None:
+            del self._live[name]
+            return None
+        return torch.empty(0, dtype=torch.float32).set_(storage, offset, shape, stride)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._known
+
+    def held(self) -> list[str]:
+        """Names of the tensors whose memory someone holds now (what this checkpoint costs)."""
+        return sorted(n for n, (ref, *_) in list(self._live.items()) if not ref.expired())
 
 
 def seeded_tensors(table: TensorTable, seed: int) -> dict[str, np.ndarray]:

@@ -261,3 +261,28 @@ def test_short_calibration_generations_give_code2wav_windows_with_left_context(t
     assert "4 frames each" in model.samples("talker_decode", "calibration").source
     wins = model.samples("code2wav", "calibration").inputs
     assert len(wins) >= 4 and max(float(w["frame_mask"].sum()) for w in wins) > 4
+
+
+def test_weights_are_held_only_while_a_component_is_built(tmp_path):
+    """Between components the loaded model holds no weights: the capture's modules and host tables
+    are gone once it returns, a graph holds its own component's weights only, and dropping the graph
+    drops them (the 0.6B build otherwise holds all 4 GB fp32 for the whole run)."""
+    import gc
+
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    model = M.load(None, {**opts, "calibration-frames": 2}, tmp_path)
+    assert model.tensors.held() == [] and model.speech.tensors.held() == []
+    model.samples("talker_decode", "calibration")
+    gc.collect()
+    assert model.tensors.held() == [] and model.speech.tensors.held() == []
+    g = model.graph("talker_decode")
+    held = model.tensors.held()
+    assert "talker.model.layers.0.self_attn.q_proj.weight" in held
+    assert not [n for n in held if "text_embedding" in n or "code_predictor" in n]
+    p = model.graph("predictor_prefill")
+    d = model.graph("predictor_decode")
+    assert p.module.core is d.module.core          # the predictor's graphs share one set of weights
+    del g, p, d
+    gc.collect()
+    assert model.tensors.held() == []
+    assert model.tables.text.shape[0] == model.cfg.talker.text_vocab_size   # read again on request

@@ -82,3 +82,36 @@ def test_pickle_checkpoints_are_refused(tmp_path):
     (tmp_path / "model.bin").write_bytes(b"\x80\x04pickle")
     with pytest.raises(UsageError, match="never unpickles"):
         refuse_pickles(tmp_path)
+
+
+def test_lazy_tensors_read_on_request_and_keep_nothing(tmp_path):
+    import gc
+
+    t = seeded_tensors(TABLE, 0)
+    lazy = load_tensors(write(tmp_path, {"decoder." + k: v for k, v in t.items()}), TABLE, prefix="decoder.",
+                        lazy=True)
+    assert sorted(lazy) == sorted(TABLE) and "a.weight" in lazy and "nope" not in lazy
+    assert lazy.held() == []                       # validated at load, nothing kept
+    w = lazy["a.weight"]
+    assert np.array_equal(w.numpy(), t["a.weight"]) and w.dtype.is_floating_point
+    assert lazy["a.weight"].data_ptr() == w.data_ptr()     # held: handed out again, not read twice
+    assert lazy.held() == ["a.weight"]
+    import torch
+
+    p = torch.nn.Parameter(w)                      # a module's weight wraps it: still the same memory
+    del w
+    gc.collect()
+    assert lazy.held() == ["a.weight"] and lazy["a.weight"].data_ptr() == p.data_ptr()
+    del p
+    gc.collect()
+    assert lazy.held() == []                       # nobody holds it: gone, and read again on request
+    assert np.array_equal(lazy["a.weight"].numpy(), t["a.weight"])
+    with pytest.raises(KeyError):
+        lazy["nope"]
+
+
+def test_lazy_load_still_refuses_nan_weights_at_load(tmp_path):
+    t = seeded_tensors(TABLE, 0)
+    t["a.bias"][2] = np.inf
+    with pytest.raises(UsageError, match="'a.bias' holds 1 NaN/Inf"):
+        load_tensors(write(tmp_path, t), TABLE, lazy=True)

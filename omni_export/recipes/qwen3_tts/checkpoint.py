@@ -289,7 +289,7 @@ def load_speech_tokenizer(checkpoint: Path) -> SpeechTokenizer:
     if type(rate) is not int or not 0 < rate <= 384000:
         raise UsageError(f"{d / 'config.json'}: output_sample_rate must be a positive integer (Hz), "
                          f"got {json.dumps(rate)[:40]}")
-    tensors = load_tensors(d / "model.safetensors", code2wav_tensors(cfg), prefix="decoder.")
+    tensors = load_tensors(d / "model.safetensors", code2wav_tensors(cfg), prefix="decoder.", lazy=True)
     return SpeechTokenizer(d, cfg, rate, tensors)
 
 
@@ -396,7 +396,7 @@ def load_model_tensors(checkpoint: Path, cfg, parts: tuple[str, ...]) -> dict:
     if "speaker_encoder" in parts and cfg.speaker_encoder is not None:
         table.update(speaker_encoder_tensors(cfg.speaker_encoder))
     refuse_pickles(checkpoint)
-    return load_tensors(checkpoint / "model.safetensors", table)
+    return load_tensors(checkpoint / "model.safetensors", table, lazy=True)
 
 
 def _demo_info(checkpoint: Path) -> dict:

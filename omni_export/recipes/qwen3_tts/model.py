@@ -7,6 +7,7 @@ way, and only ever used for parity. Code2Wav chunks are windows over the generat
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -62,6 +63,7 @@ class Qwen3TTS:
     info: dict = field(default_factory=dict)
     _samples: dict | None = None
     demo_seed: int | None = None
+    _core_ref: object = None
 
     @property
     def seeds(self) -> dict:
@@ -108,11 +110,17 @@ class Qwen3TTS:
             torch.stack([self.tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"]
                          for j in range(q - 1)]).numpy())
 
-    @cached_property
+    @property
     def _predictor_core(self):
+        """The predictor's weights, shared by its three graphs while any of them is alive (a weak
+        reference: once the pipeline drops a component's graph, its weights go with it)."""
         from .talker import PredictorCore
 
-        return PredictorCore(self.cfg, self.tensors).eval()
+        core = self._core_ref() if self._core_ref is not None else None
+        if core is None:
+            core = PredictorCore(self.cfg, self.tensors).eval()
+            self._core_ref = weakref.ref(core)
+        return core
 
     # ---- the pipeline's interface
     def graph(self, component: str) -> Graph:
@@ -245,6 +253,9 @@ class Qwen3TTS:
             return self._capture_all()
         finally:
             torch.set_num_threads(threads)
+            # The host tables (the text embedding alone is 1.24 GB fp32 at 0.6B) are read again
+            # if end-to-end parity needs them; until then only the component being built is held.
+            self.__dict__.pop("tables", None)
 
     def _capture_all(self) -> dict:
         from ...artifacts.manifest import hash_arrays
@@ -402,6 +413,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     model = Qwen3TTS(checkpoint, demo, dict(options), demo_seed=ck.demo_seed(checkpoint) if demo else None)
     model.cfg = ck.read_model_config(checkpoint)
     model.speech = ck.load_speech_tokenizer(checkpoint)
+    # Weights are read per component when its graph is built (weights.LazyTensors), not held for the run.
     model.tensors = ck.load_model_tensors(checkpoint, model.cfg, ("talker", "predictor", "speaker_encoder"))
     model.info = {
         "path": str(checkpoint.resolve()),
