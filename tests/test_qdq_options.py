@@ -93,13 +93,22 @@ def test_a_component_headroom_changes_the_activation_ranges(mlp, tmp_path):
 
 
 @pytest.mark.parametrize("precision", [Precision.W8A16, Precision.W4A16])
-def test_calibrating_once_gives_the_same_qdq_model(mlp, tmp_path, precision):
-    """Our MinMax pass sets every activation's range, so the quantizer's own calibration is given one
-    call: the QDQ model is the one it makes from all of them (every initializer, every node)."""
+def test_calibrating_once_gives_the_same_qdq_model(mlp, tmp_path, precision, monkeypatch):
+    """Our MinMax pass sets every activation's range and is handed to the quantizer as its calibration
+    cache, so it never calibrates (a second fp32 model and session in memory): the QDQ model is the
+    one it makes calibrating on all the calls itself (every initializer, every node)."""
+    import importlib
+
+    ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")   # the module, not the function
     src, calib, _ = mlp
     models = {}
+    plain = ort_quantize.create_calibrator
     for once in (True, False):
+        def refuse(*a, **k):
+            raise AssertionError("the quantizer calibrated again")
+        monkeypatch.setattr(ort_quantize, "create_calibrator", refuse if once else plain)
         q = ox.quantize_qdq(src, tmp_path / str(once) / "q.onnx", calib, precision, calibrate_once=once)
+        assert not list(q.parent.glob("*.ranges.json"))          # the cache is ours, not left behind
         m = onnx.load(str(q))
         models[once] = ({i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer},
                         [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node])
