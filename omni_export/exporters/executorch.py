@@ -313,6 +313,24 @@ def release_lowering_caches() -> None:
         pass
 
 
+def _copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `module` to convert without touching the original: its floating-point parameters and
+    buffers are new tensor objects over the same memory (dtype None: shared, to be replaced or
+    converted in the copy -- Module.half() sets `.data` of the copy's own objects) or already
+    converted to `dtype`. copy.deepcopy held a second fp32 copy of every weight first: 1.76 GB for
+    the 0.6B talker, 3.4 GB at 1.7B, on top of the fp16 one."""
+    memo = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) in memo:
+            continue
+        data = t.detach()
+        if dtype is not None and data.is_floating_point():
+            data = data.to(dtype)
+        memo[id(t)] = nn.Parameter(data, requires_grad=False) if isinstance(t, nn.Parameter) else data
+    out = copy.deepcopy(module, memo)
+    return out.to(dtype) if dtype is not None else out
+
+
 def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, precision: Precision,
                calibration: Sequence[Sequence[torch.Tensor]] = (), weight_rounding: str = "nearest") -> dict:
     """Write a .pte; returns details for the manifest. Quantized builds need calibration args.
@@ -340,10 +358,10 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
     if precision == Precision.FP32:
         _lower(torch.export.export(module, example), path)
     elif precision == Precision.FP16:
-        m = _CastIO(copy.deepcopy(module).half(), torch.float16).eval()
+        m = _CastIO(_copy(module, torch.float16), torch.float16).eval()
         _lower(_fp16_safe(torch.export.export(m, example)), path)
     elif precision == Precision.W8A16:
-        inner = copy.deepcopy(module)
+        inner = _copy(module)
         hessians = None
         if weight_rounding == "gptq":
             if not calibration:
