@@ -148,6 +148,7 @@ def _recipe_command(name: str) -> click.Command:
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, gate, sim_samples, htp_optimization, quiet, debug, summary_to, **recipe_opts):
+        from .faults import sigint_latched
         from .pipeline import RunOptions, run
 
         try:
@@ -167,7 +168,7 @@ def _recipe_command(name: str) -> click.Command:
                 htp_finalize=htp_optimization)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
-            with _native_stdout_to_stderr():
+            with _native_stdout_to_stderr(), sigint_latched():
                 result = run(opts, console)
                 result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, pre, console)
             reports.append_summary(summary_to, (result.out / "report.md").read_text())

@@ -14,7 +14,10 @@ reaches <point>. Unset (the normal case) it does nothing. Points, in run order:
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 
 ENV = "OMNI_EXPORT_CRASH_AT"
 POINTS = ("begin", "loaded", "traced", "lowered", "commit-before-rename", "commit-after-rename",
@@ -32,3 +35,45 @@ def crash_point(name: str) -> None:
     _reached[name] = _reached.get(name, 0) + 1
     if _reached[name] == int(nth or 1):
         os._exit(137)
+
+
+# ------------------------------------------------------------------------------------ Ctrl-C latch
+
+_interrupted = threading.Event()
+
+
+@contextlib.contextmanager
+def sigint_latched():
+    """While it runs, Ctrl-C raises KeyboardInterrupt as usual and is also remembered. Python drops a
+    KeyboardInterrupt raised while a finalizer runs (an object's __del__, a weakref callback, during
+    a gc pass: "Exception ignored in ...") and the run goes on; a remembered one is raised again at
+    the next `interrupt_point()` (every stage start and end), so the run stops as interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    import sys
+
+    def latch(signum, frame):
+        _interrupted.set()
+        raise KeyboardInterrupt
+
+    def unraisable(info):          # the dropped interrupt: no traceback, it is raised again later
+        if not (isinstance(info.exc_value, KeyboardInterrupt) and _interrupted.is_set()):
+            hook(info)
+
+    _interrupted.clear()
+    previous, hook = signal.signal(signal.SIGINT, latch), sys.unraisablehook
+    sys.unraisablehook = unraisable
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = hook
+        _interrupted.clear()
+
+
+def interrupt_point() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C came (under `sigint_latched`), even if Python dropped it."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt

@@ -13,7 +13,7 @@ from .artifacts import manifest as mf
 from .artifacts import reproducibility as repro
 from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
-from .faults import crash_point
+from .faults import crash_point, interrupt_point
 from .qnn_ep import DEFAULT_FINALIZE
 from .recipes import load_callable
 from .targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
@@ -170,12 +170,30 @@ class StageLog(Progress):
         self.inner.note(text)
 
 
+class _InterruptPoints(Progress):
+    """Every stage start and end is an interrupt point (faults.sigint_latched)."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+
+    @contextlib.contextmanager
+    def stage(self, text: str) -> Iterator[None]:
+        interrupt_point()
+        with self.inner.stage(text):
+            yield
+        interrupt_point()
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
+
+
 def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     import os
 
     progress = progress or Progress()
     if os.environ.get("OMNI_EXPORT_STAGE_LOG"):
         progress = StageLog(progress, os.environ["OMNI_EXPORT_STAGE_LOG"])
+    progress = _InterruptPoints(progress)
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
     try:

@@ -401,6 +401,43 @@ def test_sigint_is_one_line_exit_130_and_marks_the_output_incomplete(tmp_path, t
     assert (out / ".incomplete").exists() and not (out / "manifest.json").exists()
 
 
+def test_a_ctrl_c_python_drops_in_a_finalizer_still_stops_the_run_at_the_next_stage():
+    """SIGINT arriving while a finalizer runs raises KeyboardInterrupt inside it, and Python drops it
+    ("Exception ignored in ..."): the run went on and exited 0 (the SIGINT test above, three times
+    under load). Latched, the next stage boundary raises it again, and nothing is printed for the
+    dropped one."""
+    import gc
+    import os
+    import signal
+    import time
+
+    from omni_export import faults
+    from omni_export.pipeline import Progress, _InterruptPoints
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)     # the handler runs here, inside the finalizer
+            time.sleep(0.05)
+
+    progress = _InterruptPoints(Progress())
+    dropped = []
+    hook, sys.unraisablehook = sys.unraisablehook, dropped.append     # what Python would print
+    try:
+        with faults.sigint_latched():
+            with progress.stage("first"):
+                pass
+            Finalized()
+            gc.collect()                           # got here: the KeyboardInterrupt was dropped
+            with pytest.raises(KeyboardInterrupt):
+                with progress.stage("next"):
+                    pytest.fail("the stage after a Ctrl-C ran")
+    finally:
+        sys.unraisablehook = hook
+    assert dropped == []
+    faults.interrupt_point()                       # outside the latch nothing is remembered
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 # ----------------------------------------------------------------------------- the command line
 
 def test_unknown_recipe_lists_the_valid_ones(tmp_path):
