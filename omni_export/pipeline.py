@@ -402,7 +402,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                       f"kernels score {len(slow)} of {len(traced.heldout)} held-out samples (--sim-samples)")
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         **_lowering_options(opts, comp_name))
-    with RunPool(opts.jobs) as pool:
+    with RunPool(opts.jobs, one_at_a_time=weight_bytes >= HEAVY_BYTES) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
         shared: dict = {}

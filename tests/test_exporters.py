@@ -67,6 +67,23 @@ def test_onnx_builds_run_on_ort_cpu(traced, lowering, tmp_path, precision, floor
     assert score(traced, built.runner) >= floor
 
 
+def test_heavy_graphs_score_one_session_at_a_time_each_in_a_fresh_process(traced, lowering, tmp_path):
+    """RunPool(one_at_a_time): one worker, replaced after every job (a worker no longer carries the
+    last 3.6 GiB simulator session's heap into the next), and the jobs' outputs are the runner's."""
+    import os
+
+    from omni_export.parity.pool import RunPool
+
+    built = lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.FP16, "s25-htp"), tmp_path)
+    with RunPool(2, one_at_a_time=True) as pool:
+        pids = [pool._pool.submit(os.getpid).result() for _ in range(3)]
+        outs = pool.submit(built.runner, traced.heldout).result()
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    assert [o["y"].tobytes() for o in outs] == [o["y"].tobytes() for o in run_all(built.runner, traced.heldout)]
+    with RunPool(2) as pool:                       # the default pool keeps its two workers
+        assert len({pool._pool.submit(os.getpid).result() for _ in range(6)}) <= 2
+
+
 def test_w8a16_is_closer_than_w8a8(traced, lowering, tmp_path):
     s16 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A16, "t"), tmp_path).runner)
     s8 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A8, "t"), tmp_path).runner)

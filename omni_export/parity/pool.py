@@ -51,14 +51,19 @@ def _init_worker() -> None:
 
 
 class RunPool:
-    """submit(spec, inputs) -> Future[list[dict]]; jobs=1 runs inline (no subprocess)."""
+    """submit(spec, inputs) -> Future[list[dict]]; jobs=1 runs inline (no subprocess).
 
-    def __init__(self, jobs: int):
+    one_at_a_time: a single worker process, a fresh one per job, for graphs whose sessions take
+    GiBs (a 0.6B talker graph on the HTP simulator: 3.6 GiB): two such sessions side by side, and
+    a worker keeping its last session's heap, added them to the quantizer's and the build's peak."""
+
+    def __init__(self, jobs: int, one_at_a_time: bool = False):
         self.jobs = max(1, jobs)
         self._pool = None
         if self.jobs > 1:
-            self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn"),
-                                                initializer=_init_worker)
+            self._pool = cf.ProcessPoolExecutor(1 if one_at_a_time else self.jobs,
+                                                mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                                max_tasks_per_child=1 if one_at_a_time else None)
 
     def submit(self, spec: RunnerSpec, inputs: list[dict]) -> cf.Future:
         # ExecuTorch's runtime is quick and does not import cleanly beside torchao in a fresh
