@@ -299,14 +299,10 @@ def release_memory() -> None:
     """Free what the last component left (its graphs, programs, weights) and hand the heap's free
     pages back to the OS: glibc keeps freed small blocks (a model's many < 32 MB tensors) in its
     arenas otherwise, and the next component would start from the last one's peak."""
-    import ctypes
-    import ctypes.util
+    from .memory import trim_heap
 
     gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):     # not glibc: nothing to trim
-        pass
+    trim_heap()
 
 
 def _e2e_runners(opts: RunOptions, manifest: dict) -> dict:

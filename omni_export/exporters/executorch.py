@@ -290,12 +290,13 @@ def release_lowering_caches() -> None:
     lru_cache, and FakeTensorMode's class-level dispatch cache keys hold the delegate call's
     lowered module. Lowering the 0.6B talker decode graph to an fp16 .pte left 197 fp16 parameters
     (0.83 GB) alive and RssAnon 2.0 GiB above its start after gc; every .pte build added to it."""
-    import ctypes
     import functools
     import gc
     import sys
 
     from executorch.exir.backend.utils import WhyNoPartition
+
+    from ..memory import trim_heap
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     for name, mod in list(sys.modules.items()):
@@ -307,10 +308,7 @@ def release_lowering_caches() -> None:
                     value.cache_clear()
     FakeTensorMode.cache_clear()
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)      # hand the freed heap back (glibc keeps it otherwise)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()
 
 
 def _copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
