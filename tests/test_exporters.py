@@ -144,6 +144,22 @@ def test_pte_w8a16_stores_int8_weights(tmp_path):
     assert (tmp_path / "b.pte").stat().st_size < 0.6 * (tmp_path / "a.pte").stat().st_size
 
 
+def test_pte_copies_leave_the_module_they_lower_untouched(tmp_path):
+    """fp16 and w8a16 .pte builds convert a copy made over the module's own weights (no transient fp32
+    deepcopy): the module itself keeps its fp32 weights, objects and values, for the builds after it."""
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)).eval()
+    m.register_buffer("shift", torch.full((8,), 0.5))
+    before = {k: (v, v.detach().clone()) for k, v in list(m.named_parameters()) + list(m.named_buffers())}
+    x = (torch.randn(1, 4, 64),)
+    for p in (Precision.FP16, Precision.W8A16, Precision.FP16):
+        export_pte(m, x, tmp_path / f"{p.value}.pte", p)
+        now = dict(list(m.named_parameters()) + list(m.named_buffers()))
+        assert set(now) == set(before)
+        for k, (obj, value) in before.items():
+            assert now[k] is obj and now[k].dtype == torch.float32 and torch.equal(now[k], value), (p, k)
+    assert all(isinstance(l, torch.nn.Linear) for l in (m[0], m[2]))
+
+
 class _Convs(torch.nn.Module):
     """The conv shapes Code2Wav uses: dilated causal conv, 1x1, depthwise, transposed (K = 2s, K = s,
     K not a multiple of s)."""
