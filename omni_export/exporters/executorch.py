@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import Precision
+from .fxmeta import shared_provenance
 
 SCHEMES = {
     Precision.FP32: "fp32, XNNPACK",
@@ -338,7 +339,8 @@ def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, p
 
     check_method(weight_rounding)
     try:
-        return _export_pte(module, example, path, precision, calibration, weight_rounding)
+        with shared_provenance():
+            return _export_pte(module, example, path, precision, calibration, weight_rounding)
     finally:
         release_lowering_caches()
 

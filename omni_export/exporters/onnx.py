@@ -34,7 +34,10 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     path.parent.mkdir(parents=True, exist_ok=True)
     _quiet_exporter()
     big = weight_bytes > min(_EXTERNAL_DATA_BYTES, _STREAM_BYTES)
-    onnx_program = torch.onnx.export(program, (), None, opset_version=OPSET, dynamo=True, verbose=False)
+    from .fxmeta import shared_provenance
+
+    with shared_provenance():
+        onnx_program = torch.onnx.export(program, (), None, opset_version=OPSET, dynamo=True, verbose=False)
     model = onnx_program.model_proto if not big else None
     if model is None:                        # large: save with external data, then rename in place
         onnx_program.save(str(path), external_data=True)

@@ -1,0 +1,70 @@
+"""Shared FX provenance: same history, same program, none of the deep copies."""
+import torch
+import torch.fx.traceback as fx_traceback
+from torch import nn
+
+from omni_export.core import Precision
+from omni_export.exporters import executorch as et
+from omni_export.exporters.fxmeta import shared_provenance
+
+
+class _Net(nn.Module):
+    """Conv, norm, an op XNNPACK leaves out (sin: more than one partition) and a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.conv(x).transpose(1, 2)
+        h = torch.sin(self.norm(h)) * h
+        return self.proj(torch.relu(h))
+
+
+def _node_with_history():
+    torch.manual_seed(0)
+    ep = torch.export.export(_Net().eval(), (torch.randn(1, 4, 6),))
+    ep = ep.run_decompositions({})
+    node = next(n for n in ep.graph.nodes if n.meta.get("from_node"))
+    return node
+
+
+def test_history_is_shared_not_copied_and_reads_the_same():
+    node = _node_with_history()
+    plain = fx_traceback.NodeSource(node, "p")
+    with shared_provenance():
+        shared = fx_traceback.NodeSource(node, "p")
+    assert shared.from_node[0] is node.meta["from_node"][0]          # shared
+    assert plain.from_node[0] is not node.meta["from_node"][0]       # torch's own: a deep copy
+    assert shared.from_node is not node.meta["from_node"]            # but a list of its own
+    assert shared.to_dict() == plain.to_dict()                       # the same history
+    assert node.meta["from_node"] and node.meta["from_node"][0].to_dict() == plain.from_node[0].to_dict()
+
+
+def test_torch_constructor_is_back_after_the_block_and_nesting_keeps_it_until_the_outer_exit():
+    original = fx_traceback.NodeSource.__init__
+    with shared_provenance():
+        with shared_provenance():
+            assert fx_traceback.NodeSource.__init__ is not original
+        assert fx_traceback.NodeSource.__init__ is not original
+    assert fx_traceback.NodeSource.__init__ is original
+    try:
+        with shared_provenance():
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert fx_traceback.NodeSource.__init__ is original
+
+
+def test_pte_is_byte_identical_with_and_without_sharing(tmp_path):
+    torch.manual_seed(0)
+    module = _Net().eval()
+    example = (torch.randn(1, 4, 6),)
+    et._export_pte(module, example, tmp_path / "plain.pte", Precision.FP16)      # torch's provenance
+    et.release_lowering_caches()
+    et.export_pte(module, example, tmp_path / "shared.pte", Precision.FP16)      # shared_provenance
+    plain, shared = (tmp_path / "plain.pte").read_bytes(), (tmp_path / "shared.pte").read_bytes()
+    assert len(plain) > 1000
+    assert plain == shared
