@@ -121,5 +121,7 @@ def env() -> dict:
     from .provenance import ROOT
 
     e = dict(os.environ)
+    # a build benchmark measures the whole build, capture included: never read captures kept by earlier runs
+    e["OMNI_EXPORT_CAPTURE_CACHE"] = "off"
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
     return e

@@ -62,6 +62,14 @@ class Sample(Mapping):
     def __reduce__(self):                 # pickled compact (to runner worker processes)
         return (_restore, (self._arrays, self._shapes))
 
+    def compact(self) -> tuple[dict, dict]:
+        """(stored arrays, {name: full shape} of the trimmed ones): what `from_compact` takes back."""
+        return self._arrays, self._shapes
+
+    @staticmethod
+    def from_compact(arrays: dict, shapes: dict) -> "Sample":
+        return _restore(dict(arrays), {k: tuple(v) for k, v in shapes.items()})
+
 
 def _restore(arrays: dict, shapes: dict) -> Sample:
     s = Sample.__new__(Sample)

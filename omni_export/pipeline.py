@@ -387,6 +387,7 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         if needs_calib and len(calib.inputs) < MIN_CALIBRATION:
             raise UsageError(f"{comp_name}: calibration set has {len(calib.inputs)} samples; quantized "
                              f"builds need at least {MIN_CALIBRATION} real inputs")
+        _note_capture_cache(model, progress)
         traced = trace(graph, calib, heldout)
         parity_inputs = store.put_bytes(f"parity-inputs/{comp_name}.npz", repro.parity_inputs_npz(traced))
     crash_point("traced")
@@ -425,6 +426,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                         "sha256": hash_arrays(traced.calibration)},
         "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
                     "sha256": hash_arrays(traced.heldout)},
+        **({"capture": {"cache": "hit" if cc["hit"] else cc.get("store", "off"), "key": cc["key"]}}
+           if (cc := getattr(model, "capture_cache", None)) else {}),
         "weight_bytes": weight_bytes,
         **({"fp32_on_cpu": component.fp32_on_cpu} if component.fp32_on_cpu else {}),
         "agreement_min": component.agreement_min,
@@ -446,6 +449,19 @@ def _weight_bytes(module) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
+
+
+def _note_capture_cache(model, progress) -> None:
+    """Say once per run where the captured inputs came from, when not generated and kept as usual."""
+    cc = getattr(model, "capture_cache", None)
+    if not cc or cc.get("noted"):
+        return
+    cc["noted"] = True
+    if cc["hit"]:
+        progress.note(f"inputs captured from the fp32 model reused from the capture cache (key {cc['key'][:12]}; "
+                      f"OMNI_EXPORT_CAPTURE_CACHE=off captures them again)")
+    elif cc.get("store") not in ("stored", "off"):
+        progress.note(f"captured inputs {cc['store']} in the capture cache")
 
 
 def _slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int] | None:

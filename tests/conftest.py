@@ -17,6 +17,19 @@ GEOMETRY = ["--left-context", "2", "--chunk-frames", "2"]
 FAST = [*GEOMETRY, "--components", "code2wav"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def capture_cache_dir(tmp_path_factory) -> Path:
+    """One capture cache for the session, shared by the xdist workers (and the CLIs they start), not
+    the user's: a CLI run on a checkpoint whose inputs another test captured reads them
+    (artifacts/captures.py). Tests of capture itself set OMNI_EXPORT_CAPTURE_CACHE=off."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "capture-cache"
+    os.environ["OMNI_EXPORT_CACHE_DIR"] = str(root)
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     from omni_export.recipes.qwen3_tts import checkpoint as ck
@@ -24,9 +37,12 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return ck.write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
 
 
-def run_cli(*args: str, check: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_cli(*args: str, check: bool = False, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess; `env` adds to (not replaces) this process's environment."""
+    import os
+
     proc = subprocess.run([sys.executable, "-m", "omni_export.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
     return proc

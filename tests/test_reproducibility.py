@@ -16,7 +16,9 @@ from omni_export.artifacts.reproducibility import BYTE_STABLE
 @pytest.fixture(scope="module")
 def second_build(tmp_path_factory, tiny_checkpoint) -> Path:
     out = tmp_path_factory.mktemp("second") / "elsewhere"
-    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True)
+    # captured afresh (not read from the capture cache): the parity inputs' bytes must repeat
+    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True,
+            env={"OMNI_EXPORT_CAPTURE_CACHE": "off"})
     return out
 
 
@@ -42,6 +44,7 @@ def test_manifest_records_seeds_and_byte_stability_per_format(fp16_build):
 
 
 def test_byte_stable_formats_have_identical_sha256(fp16_build, second_build):
+    assert {c["capture"]["cache"] for c in read_manifest(second_build)["components"].values()} == {"off"}
     a, b = files_by_format(read_manifest(fp16_build)), files_by_format(read_manifest(second_build))
     stable = [f for f, (ok, _) in BYTE_STABLE.items() if ok]
     assert set(stable) == {"onnx", "pte", "parity-inputs"}

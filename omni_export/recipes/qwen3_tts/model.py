@@ -64,6 +64,7 @@ class Qwen3TTS:
     _samples: dict | None = None
     demo_seed: int | None = None
     _core_ref: object = None
+    capture_cache: dict | None = None          # {"key", "hit", "store"} once inputs are captured
 
     @property
     def seeds(self) -> dict:
@@ -241,7 +242,30 @@ class Qwen3TTS:
             return REAL_CALIBRATION_FRAMES, REAL_HELDOUT_FRAMES
         return CALIBRATION_FRAMES, HELDOUT_FRAMES
 
+    def capture_key(self) -> str:
+        from ...artifacts import captures
+        from .recipe import RECIPE
+
+        return captures.key(recipe=[RECIPE.name, RECIPE.version], options=self.options,
+                            checkpoint=captures.checkpoint_files(self.path, self.info.get("weights", [])))
+
     def _capture(self) -> dict:
+        """Calibration and held-out inputs: from the capture cache when this checkpoint, these
+        options and this code were captured before (artifacts/captures.py), else generated."""
+        from ...artifacts import captures
+
+        k = self.capture_key()
+        kept = captures.load(k)
+        if kept is not None:
+            self.heldout_codes = kept["heldout_codes"]
+            self.capture_cache = {"key": k, "hit": True}
+            return kept["samples"]
+        result = self._capture_fresh()
+        self.capture_cache = {"key": k, "hit": False,
+                              "store": captures.store(k, {"samples": result, "heldout_codes": self.heldout_codes})}
+        return result
+
+    def _capture_fresh(self) -> dict:
         import torch
 
         # Small graphs run op by op: thread hand-offs cost more than they save (15x slower on a
