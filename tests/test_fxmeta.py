@@ -58,13 +58,52 @@ def test_torch_constructor_is_back_after_the_block_and_nesting_keeps_it_until_th
     assert fx_traceback.NodeSource.__init__ is original
 
 
-def test_pte_is_byte_identical_with_and_without_sharing(tmp_path):
+def test_pte_is_byte_identical_with_and_without_the_fast_passes(tmp_path):
     torch.manual_seed(0)
     module = _Net().eval()
     example = (torch.randn(1, 4, 6),)
     et._export_pte(module, example, tmp_path / "plain.pte", Precision.FP16)      # torch's provenance
     et.release_lowering_caches()
-    et.export_pte(module, example, tmp_path / "shared.pte", Precision.FP16)      # shared_provenance
+    et.export_pte(module, example, tmp_path / "shared.pte", Precision.FP16)      # fast_passes
     plain, shared = (tmp_path / "plain.pte").read_bytes(), (tmp_path / "shared.pte").read_bytes()
     assert len(plain) > 1000
     assert plain == shared
+
+
+def test_cia_ops_are_collected_once_per_registration_state_and_torch_gets_its_function_back():
+    import torch._export.utils as export_utils
+    import torch.export.exported_program as exported_program
+
+    from omni_export.exporters import fxmeta
+
+    import torch.export.decomp_utils as decomp_utils
+
+    modules = (export_utils, exported_program, decomp_utils)
+    original = export_utils._collect_all_valid_cia_ops
+    assert all(m._collect_all_valid_cia_ops is original for m in modules)
+    walks = []
+    lib = None
+
+    def counted():
+        walks.append(1)
+        return original()
+
+    export_utils._collect_all_valid_cia_ops = counted
+    try:
+        with fxmeta.cached_cia_ops():
+            assert exported_program._collect_all_valid_cia_ops is not counted
+            first = exported_program._collect_all_valid_cia_ops()
+            assert exported_program._collect_all_valid_cia_ops() is first and len(walks) == 1
+            assert first == original()
+            lib = torch.library.Library("omni_fxmeta_test", "DEF")       # a new op: a new walk
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+            walks.clear()
+            again = exported_program._collect_all_valid_cia_ops()
+            assert len(walks) == 1 and any("omni_fxmeta_test" in str(op) for op in again)
+        assert export_utils._collect_all_valid_cia_ops is counted
+    finally:
+        for m in modules:
+            m._collect_all_valid_cia_ops = original
+        if lib is not None:
+            lib._destroy()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import Precision
-from .fxmeta import shared_provenance
+from .fxmeta import fast_passes
 
 SCHEMES = {
     Precision.FP32: "fp32, XNNPACK",
@@ -339,7 +339,7 @@ def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, p
 
     check_method(weight_rounding)
     try:
-        with shared_provenance():
+        with fast_passes():
             return _export_pte(module, example, path, precision, calibration, weight_rounding)
     finally:
         release_lowering_caches()

@@ -34,9 +34,9 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     path.parent.mkdir(parents=True, exist_ok=True)
     _quiet_exporter()
     big = weight_bytes > min(_EXTERNAL_DATA_BYTES, _STREAM_BYTES)
-    from .fxmeta import shared_provenance
+    from .fxmeta import fast_passes
 
-    with shared_provenance():
+    with fast_passes():
         onnx_program = torch.onnx.export(program, (), None, opset_version=OPSET, dynamo=True, verbose=False)
     model = onnx_program.model_proto if not big else None
     if model is None:                        # large: save with external data, then rename in place
