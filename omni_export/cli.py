@@ -209,7 +209,9 @@ def _recipe_command(name: str) -> click.Command:
                      help=f"output directory [default: artifacts/{name}-TARGET]"),
         click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout"),
         click.Option(["--force"], is_flag=True, help="rebuild every build (skip the build cache) and replace an output directory "
-                                                       "holding another recipe's or target's build"),
+                                                       "holding another recipe's or target's build; inputs captured "
+                                                       "from the fp32 model are still read from the capture cache "
+                                                       "(OMNI_EXPORT_CAPTURE_CACHE=off captures them again)"),
         click.Option(["--attribution"], type=click.Choice(["auto", "all", "off"]), default="auto", show_default=True,
                      help="per-block fidelity (each block lowered alone, fed fp32 activations): auto runs it "
                           "for the precisions that have a rejected build, to say which block lost the dB"),
