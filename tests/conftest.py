@@ -21,7 +21,8 @@ FAST = [*GEOMETRY, "--components", "code2wav"]
 def capture_cache_dir(tmp_path_factory) -> Path:
     """One capture cache for the session, shared by the xdist workers (and the CLIs they start), not
     the user's: a CLI run on a checkpoint whose inputs another test captured reads them
-    (artifacts/captures.py). Tests of capture itself set OMNI_EXPORT_CAPTURE_CACHE=off."""
+    (artifacts/captures.py). test_captures.py uses a cache of its own; the reproducibility test's
+    second build sets OMNI_EXPORT_CAPTURE_CACHE=off to capture afresh."""
     import os
 
     base = tmp_path_factory.getbasetemp()

@@ -109,11 +109,14 @@ def test_context_binaries_differ_in_few_bytes_that_change_no_output(fp16_build, 
 
 def test_quantized_onnx_is_byte_stable(tmp_path, tiny_checkpoint):
     """Calibration (MinMax over the captured inputs) is deterministic: QDQ ONNX bytes repeat."""
-    hashes = []
+    hashes, captures = [], []
     for d in ("a", "b"):
         out = tmp_path / d
         run_cli("qwen3-tts", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--formats", "onnx",
                 "--precision", "w8a16", "--no-attribution", "--gate", "w8a16=0", "-q", *FAST, check=True)
         (b,) = read_manifest(out)["builds"]
         hashes.append(b["files"][0]["sha256"])
+        captures.append(read_manifest(out)["components"]["code2wav"]["capture"])
     assert hashes[0] == hashes[1]
+    # the second run read the inputs the first kept (or found), under the same key
+    assert captures[0]["cache"] in ("stored", "hit") and captures[1] == {"cache": "hit", "key": captures[0]["key"]}

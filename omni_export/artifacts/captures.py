@@ -32,7 +32,6 @@ ENV_SWITCH = "OMNI_EXPORT_CAPTURE_CACHE"
 FORMAT = 1
 MAX_BYTES = 1 << 30
 KEEP = 8
-_SMALL = 64 << 20
 
 
 def directory() -> Path | None:
@@ -122,12 +121,15 @@ def load(k: str):
         tree = _decode(meta["tree"], arrays)
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
         return None
-    os.utime(index)                                   # most recently used
+    try:
+        os.utime(index)                               # most recently used (pruning keeps it)
+    except OSError:                                   # a read-only cache still serves
+        pass
     return tree
 
 
 def store(k: str, tree) -> str:
-    """Keep `tree` under key `k`; returns what happened ("stored", "too big: ...", "off", "failed: ...")."""
+    """Keep `tree` under key `k`; returns what happened ("stored", "not stored: ...", "off", "failed: ...")."""
     d = directory()
     if d is None:
         return "off"

@@ -16,9 +16,9 @@ the lowered program is byte-for-byte the one made without it (tests/test_fxmeta.
 
 2. The CompositeImplicitAutograd op set, collected once. Every run_decompositions (torch.export's,
 to_edge's, one per XNNPACK partition, the ONNX exporter's) walks every registered operator of every
-namespace to list the CIA ops it may keep: ~0.3 s a call, whatever the graph's size, and most of the
-lowering time of a small graph (a 3-layer fp16 .pte: 8.4 -> 6.7 s). torch does not cache it because
-a custom op registered later adds to the set; `cached_cia_ops()` keys its cache on the dispatcher's
+namespace to list the CIA ops it may keep: ~0.3 s a call, whatever the graph's size, and much of the
+lowering time of a small graph (a 3-layer fp16 .pte, the third lowering in a process, single runs:
+8.4 -> 6.7 s). torch does not cache it because a custom op registered later adds to the set; `cached_cia_ops()` keys its cache on the dispatcher's
 CIA registrations and the op namespaces, so a new registration is a new walk.
 
 `fast_passes()` applies both for the span of a build.
