@@ -254,15 +254,24 @@ def test_the_indexed_quantizer_makes_the_same_qdq_model(tmp_path, monkeypatch, p
             yield
 
     monkeypatch.setattr(ox, "linear_quantizer", counted)
-    models = {}
+    augments = []
+    one_pass = ox._augment_graph_linear
+    monkeypatch.setattr(ox, "_augment_graph_linear", lambda self: (augments.append(1), one_pass(self))[1])
+    models, built = {}, {}
     for indexed in (True, False):
         if not indexed:
             monkeypatch.setattr(ox, "linear_quantizer", contextlib.nullcontext)
+            monkeypatch.setattr(ox, "linear_calibrator", contextlib.nullcontext)
         q = ox.quantize_qdq(src, tmp_path / str(indexed) / "q.onnx", calib, precision)
+        built[indexed] = len(augments)
         m = onnx.load(str(q))
         models[indexed] = ({i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer},
                            [(n.op_type, n.name, list(n.input), list(n.output)) for n in m.graph.node])
     assert len(calls) > 20                      # the index served the quantizer's rewiring
+    # the one calibration graph (w8a16: our range pass, whose ranges the quantizer reads as its cache;
+    # w8a8: the quantizer's own calibration) was built in one pass...
+    assert built[True] == 1
+    assert built[False] == built[True]          # ...and ORT's own augment_graph made the plain arm's
     assert models[True] == models[False]
     assert {k: ONNXModel.__dict__[k] for k in original} == original
     assert quant_utils.find_by_name is find and qdq_quantizer.find_by_name is find

@@ -36,7 +36,7 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     big = weight_bytes > min(_EXTERNAL_DATA_BYTES, _STREAM_BYTES)
     from .fxmeta import fast_passes
 
-    with fast_passes():
+    with fast_passes(), linear_rewrites():
         onnx_program = torch.onnx.export(program, (), None, opset_version=OPSET, dynamo=True, verbose=False)
     model = onnx_program.model_proto if not big else None
     if model is None:                        # large: save with external data, then rename in place
@@ -54,6 +54,31 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     else:
         _save(model, path)
     return path
+
+
+@contextlib.contextmanager
+def linear_rewrites():
+    """The exporter's graph optimizer without its rewrite rules of more than one output node.
+
+    onnxscript matches such a pattern (its one default: `SlicesSplit`, two Slices of one tensor's
+    halves -> Split) by listing every node of the graph for every candidate node, so the rewrite pass
+    grows with the square of the graph: 727 of the 831 s of exporting the 0.6B fused predictor frame
+    (6012 FX nodes; profiled, contended host) went to it, against seconds for a single decoder step.
+    Without it the two Slices stay two Slices (the same values; Slice is an HTP op); every other
+    rule, the constant folding and the fusions run as before."""
+    from onnxscript import rewriter
+
+    saved = rewriter._DEFAULT_REWRITE_RULES
+    rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in saved if _single_output(r))
+    try:
+        yield
+    finally:
+        rewriter._DEFAULT_REWRITE_RULES = saved
+
+
+def _single_output(rule) -> bool:
+    pattern = getattr(rule, "_target_pattern", None)
+    return pattern is None or pattern.has_single_output_node
 
 
 def fold_weight_layouts(model) -> int:
@@ -507,10 +532,6 @@ def linear_quantizer():
     ONNXModel.replace_node_input = staticmethod(replace_node_input)
     ONNXModel.replace_input_of_nodes = replace_input_of_nodes
     ONNXModel.replace_input_of_all_nodes = replace_input_of_all_nodes
-    from onnxruntime.quantization.calibrate import MinMaxCalibrater
-
-    saved_augment = MinMaxCalibrater.__dict__["augment_graph"]
-    MinMaxCalibrater.augment_graph = _augment_graph_linear
     modules = [m for m in (quant_utils, qdq_quantizer, base_quantizer, onnx_model)
                if getattr(m, "find_by_name", None) is quant_utils.find_by_name]
     plain_find = quant_utils.find_by_name
@@ -518,13 +539,27 @@ def linear_quantizer():
     for m in modules:
         m.find_by_name = names
     try:
-        yield
+        with linear_calibrator():
+            yield
     finally:
         for k, v in saved.items():
             setattr(ONNXModel, k, v)
         for m in modules:
             m.find_by_name = plain_find
-        MinMaxCalibrater.augment_graph = saved_augment
+
+
+@contextlib.contextmanager
+def linear_calibrator():
+    """ONNX Runtime's MinMax calibrator with its calibration graph built in one pass
+    (`_augment_graph_linear`); for our own range pass (`activation_ranges`) and the quantizer's."""
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater
+
+    saved = MinMaxCalibrater.__dict__["augment_graph"]
+    MinMaxCalibrater.augment_graph = _augment_graph_linear
+    try:
+        yield
+    finally:
+        MinMaxCalibrater.augment_graph = saved
 
 
 def _augment_graph_linear(self) -> None:
@@ -699,9 +734,11 @@ def activation_ranges(src: Path, calibration: Sequence[dict], work: Path,
 
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
-        cal = create_calibrator(Path(src), None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                                calibrate_method=CalibrationMethod.MinMax, use_external_data_format=data_file(src).exists(),
-                                providers=["CPUExecutionProvider"])
+        with linear_calibrator():
+            cal = create_calibrator(Path(src), None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                    calibrate_method=CalibrationMethod.MinMax,
+                                    use_external_data_format=data_file(src).exists(),
+                                    providers=["CPUExecutionProvider"])
         cal.collect_data(_Reader(calibration))
         ranges = cal.compute_data()
         del cal
