@@ -582,9 +582,18 @@ def _failed(entry: dict, threshold: float, reason: str, seconds: float, runner: 
     return entry
 
 
+# What a failure's text does not say, for errors whose cause we have measured.
+HINTS = {
+    "QNN_COMMON_ERROR_MEM_ALLOC": "the HTP could not fit a tensor of this graph; a shorter time axis (a smaller "
+                                  "streaming chunk) compiles",
+}
+
+
 def _short(e: Exception) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:400]
+    line = (text[0] if text else type(e).__name__)[:400]
+    hints = [h for key, h in HINTS.items() if key in str(e)]
+    return line + "".join(f" ({h})" for h in hints)
 
 
 # ------------------------------------------------------------------------------------- attribution

@@ -341,3 +341,17 @@ def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):
     assert onnx["samples"] == heldout and "samples_note" not in onnx
     assert m["options"]["sim_samples"] == 1
     assert 0 < m["components"]["text_projection"]["weight_bytes"] < (1 << 30)
+
+
+def test_a_failure_whose_cause_we_measured_says_what_to_do():
+    """QNN's finalizer says only "memory allocation"; at real size it means a tensor too long for the
+    HTP (real-size Code2Wav: 34 frames compile, 35 do not), so the reason says what compiles."""
+    from omni_export.pipeline import _short
+
+    e = RuntimeError("[ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. Error: "
+                     "QNN_COMMON_ERROR_MEM_ALLOC: Memory allocation related error., Code: 1002\nmore")
+    reason = _short(e)
+    assert reason.startswith("RuntimeError: [ONNXRuntimeError] : 11") and "\n" not in reason
+    assert reason.endswith("(the HTP could not fit a tensor of this graph; a shorter time axis (a smaller "
+                           "streaming chunk) compiles)")
+    assert _short(ValueError("other")) == "ValueError: other"

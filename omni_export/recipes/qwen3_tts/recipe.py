@@ -107,7 +107,9 @@ RECIPE = Recipe(
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames"),
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
                      affects=("code2wav",)),
-        RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25)",
+        RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25). "
+                     "At the published speech tokenizer's size the HTP compiles L + N <= 34 frames, not 35 or "
+                     "more (25 + 12 fails to finalize: use 22 with the default chunk)",
                      affects=("code2wav",)),
         RecipeOption("speaker-frames", int, 282, "speaker encoder: log-mel frames per graph call (F; 282 = 3 s)"),
         RecipeOption("e2e-frames", int, 12,
