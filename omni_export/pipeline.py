@@ -585,7 +585,7 @@ def _failed(entry: dict, threshold: float, reason: str, seconds: float, runner: 
 # What a failure's text does not say, for errors whose cause we have measured.
 HINTS = {
     "QNN_COMMON_ERROR_MEM_ALLOC": "the HTP could not fit a tensor of this graph; a shorter time axis (a smaller "
-                                  "streaming chunk) compiles",
+                                  "streaming chunk) may compile",
 }
 
 

@@ -389,7 +389,18 @@ def test_onnx_export_runs_no_rewrite_rule_of_several_output_nodes(tmp_path, monk
 
     x = torch.randn(1, 2, 8)
     program = torch.export.export(RotateHalf().eval(), (x,), strict=False)
+    seen = []
+    real = ox.linear_rewrites
+
+    @contextlib.contextmanager
+    def watched():
+        with real():
+            yield
+            seen.append(all(ox._single_output(r) for r in rewriter._DEFAULT_REWRITE_RULES))
+
+    monkeypatch.setattr(ox, "linear_rewrites", watched)
     path = ox.export(program, tmp_path / "rot.onnx", ["x"], ["y"])
+    assert seen == [True]                                    # export ran inside it
     monkeypatch.setattr(ox, "linear_rewrites", contextlib.nullcontext)
     plain = ox.export(program, tmp_path / "plain.onnx", ["x"], ["y"])
     assert path.read_bytes() == plain.read_bytes()
