@@ -42,7 +42,7 @@ def test_streaming_chunk_graph_matches_upstream_chunked_decode(tmp_path, name):
     g = golden(name)
     st = load(tmp_path, int(g["seed"]))
     left, chunk = int(g["left"]), int(g["chunk"])
-    m = build_code2wav(st.config, st.tensors, left + chunk)
+    m = build_code2wav(st.config, st.tensors, left + chunk, chunk)     # the build's cropped graph
 
     def run(inputs):
         with torch.no_grad():
@@ -62,7 +62,36 @@ def test_windows_follow_upstream_context_rule():
     assert wins[2].frame_mask.sum() == 9                    # full context from then on
     assert wins[-1].frame_mask.sum() == 5 + 2               # last chunk: 2 real frames
     assert (wins[2].codes[0, :, :9].T == codes[3:12]).all()
-    assert all(w.keep_from == 50 for w in wins)
+    assert [w.samples for w in wins] == [40] * 7 + [20]
+
+
+def test_cropped_chunk_graph_is_exact_and_its_crop_is_tight(tmp_path):
+    """The graph keeps only the samples that reach the N new frames: its output equals the uncropped
+    graph's last N*S samples on every window (first, partial-context and last chunks), the conv
+    decoder runs on ~N + 10 frames, and one sample less at the last blocks changes the output."""
+    st = load(tmp_path, 3)
+    c, left, chunk, s = st.config, 25, 12, st.config.samples_per_frame
+    full = build_code2wav(c, st.tensors, left + chunk)
+    crop = build_code2wav(c, st.tensors, left + chunk, chunk)
+    blocks = dict(zip(crop.block_names, crop.blocks))
+    assert blocks["upsample.0"].keep == chunk + 10                 # frames after the transformer
+    assert blocks["decoder.4"].keep < (left + chunk) * 640 / 3     # the largest tensors: > 3x shorter
+    codes = np.random.default_rng(0).integers(0, c.codebook_size, (40, 16))
+    wins = list(host.windows(codes, left, chunk, s))
+    refs = []
+    for w in wins:
+        with torch.no_grad():
+            ref = full(torch.from_numpy(w.codes), torch.from_numpy(w.frame_mask)).numpy()[..., left * s:]
+            out = crop(torch.from_numpy(w.codes), torch.from_numpy(w.frame_mask)).numpy()
+        assert out.shape == (1, 1, chunk * s)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
+        refs.append(ref)
+    for name in ("decoder.4", "decoder.out"):
+        blocks[name].keep -= 1
+        with torch.no_grad():
+            out = crop(torch.from_numpy(wins[-2].codes), torch.from_numpy(wins[-2].frame_mask)).numpy()
+        blocks[name].keep += 1
+        assert np.abs(out - refs[-2]).max() > 1e-5, name          # fails the check above
 
 
 def test_padding_frames_cannot_change_real_output(tmp_path):

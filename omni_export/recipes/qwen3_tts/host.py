@@ -4,7 +4,9 @@ The static chunk graph always sees T = L + N frames. Upstream `chunked_decode(co
 [context + chunk] with context = L once at least L frames precede the chunk, else everything
 before it (the first chunks are shorter), and drops the context's samples. Here the window is
 right-padded / left-masked to T frames: real frames sit at [L - ctx, L + n) and the mask zeroes
-the rest, which decodes exactly what upstream decodes.
+the rest, which decodes exactly what upstream decodes. The graph outputs the N new frames'
+samples only (older builds output all T frames'); the host keeps the last N*S samples either way,
+then the first n*S of them (the last chunk has n <= N real frames).
 """
 from __future__ import annotations
 
@@ -18,8 +20,7 @@ import numpy as np
 class Window:
     codes: np.ndarray       # [1, Q, T] int32
     frame_mask: np.ndarray  # [1, T] float32
-    keep_from: int          # sample range of the output that belongs to this chunk
-    keep_to: int
+    samples: int            # real new samples: the first `samples` of the N*S the graph outputs
 
     def inputs(self) -> dict:
         return {"codes": self.codes, "frame_mask": self.frame_mask}
@@ -41,17 +42,17 @@ def windows(codes: np.ndarray, left: int, chunk: int, samples_per_frame: int) ->
         mask = np.zeros((1, t), np.float32)
         win[0, :, left - ctx:left + n] = codes[start - ctx:end].T
         mask[0, left - ctx:left + n] = 1.0
-        yield Window(win, mask, left * samples_per_frame, (left + n) * samples_per_frame)
+        yield Window(win, mask, n * samples_per_frame)
         start = end
 
 
 def stream_decode(codes: np.ndarray, run_chunk: Callable[[dict], np.ndarray], left: int, chunk: int,
                   samples_per_frame: int) -> np.ndarray:
     """Decode codes [frames, Q] to a 1-D waveform through a chunk runner (inputs dict -> wav)."""
-    pieces = []
+    pieces, new = [], chunk * samples_per_frame
     for w in windows(codes, left, chunk, samples_per_frame):
         wav = np.asarray(run_chunk(w.inputs())).reshape(-1)
-        pieces.append(wav[w.keep_from:w.keep_to])
+        pieces.append(wav[wav.size - new:][:w.samples])
     return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 

@@ -138,7 +138,7 @@ class Qwen3TTS:
         if component == "code2wav":
             from .modules import build_code2wav
 
-            return build_code2wav(self.speech.config, self.speech.tensors, self.left + self.chunk)
+            return build_code2wav(self.speech.config, self.speech.tensors, self.left + self.chunk, self.chunk)
         if component == "text_projection":
             return tk.TextProjection(self.tensors)
         if component in ("talker_prefill", "talker_decode"):

@@ -1,7 +1,11 @@
 """Export-friendly Qwen3-TTS modules that load the official tensor names.
 
 Code2Wav decodes one static streaming chunk: codes [1, Q, T] (T = left context L + chunk N frames)
-and a frame mask [1, T] (1 = real frame, 0 = padding) -> waveform [1, 1, T * 1920].
+and a frame mask [1, T] (1 = real frame, 0 = padding) -> waveform [1, 1, N * 1920]: the samples of
+the N new frames, the only ones the host keeps. The transformer attends over all T frames; after it
+every layer is causal with a short reach, so each block crops its input to the samples that can
+still reach the new frames' output (`crop_to_chunk`). That is exact, and the conv decoder, where the
+largest tensors live, runs on N + ~10 frames instead of T (its last block on ~N frames).
 Every table (codebooks, RoPE, attention mask pattern) is a constant fixed at build time. The mask
 zeroes padded frames before every time-mixing op and hides them from attention, which makes a
 chunk with less than L frames of context decode exactly as upstream's `chunked_decode` does for
@@ -40,6 +44,11 @@ def mask_at(frame_mask: torch.Tensor, factor: int) -> torch.Tensor:
     if factor == 1:
         return frame_mask.reshape(b, 1, t)
     return frame_mask.reshape(b, 1, t, 1).expand(b, 1, t, factor).reshape(b, 1, t * factor)
+
+
+def tail(x: torch.Tensor, n: int | None) -> torch.Tensor:
+    """The last n samples of the time axis (all of them when n is None)."""
+    return x if n is None else x[..., x.shape[-1] - n:]
 
 
 class CausalConv1d(nn.Module):
@@ -272,59 +281,97 @@ class ConvNeXtBlock(nn.Module):
 class Upsample(Block):
     """Causal transposed conv (x factor) + ConvNeXt block, at `scale` samples per frame so far."""
 
+    keep: int | None = None     # input samples kept (crop_to_chunk)
+
     def __init__(self, dim: int, factor: int, scale: int):
         super().__init__()
         self.up = CausalConvTranspose1d(dim, dim, factor, factor)
         self.block = ConvNeXtBlock(dim)
         self.scale, self.factor = scale, factor
 
+    def reach(self, need: int) -> int:
+        """Left context (input samples) that `need` samples of output left context depend on."""
+        return -(-(need + 6) // self.factor)         # dwconv k=7; transposed k = stride: no overlap
+
     def forward(self, h, frame_mask):
-        h = self.up(h * mask_at(frame_mask, self.scale))
-        return self.block(h, mask_at(frame_mask, self.scale * self.factor))
+        h = self.up(tail(h, self.keep) * tail(mask_at(frame_mask, self.scale), self.keep))
+        out = None if self.keep is None else self.keep * self.factor
+        return self.block(h, tail(mask_at(frame_mask, self.scale * self.factor), out))
 
 
 class ConvIn(Block):
+    keep: int | None = None
+
     def __init__(self, cin: int, cout: int, scale: int):
         super().__init__()
         self.conv = CausalConv1d(cin, cout, 7)
-        self.scale = scale
+        self.scale, self.factor = scale, 1
+
+    def reach(self, need: int) -> int:
+        return need + 6
 
     def forward(self, h, frame_mask):
-        return self.conv(h * mask_at(frame_mask, self.scale))
+        return self.conv(tail(h, self.keep) * tail(mask_at(frame_mask, self.scale), self.keep))
 
 
 class DecoderBlock(Block):
     """SnakeBeta -> causal transposed conv (x rate) -> residual units, dilations 1 / 3 / 9."""
 
+    keep: int | None = None
+    DILATIONS = (1, 3, 9)
+
     def __init__(self, cin: int, cout: int, rate: int, scale: int):
         super().__init__()
         self.act = SnakeBeta(cin)
         self.up = CausalConvTranspose1d(cin, cout, 2 * rate, rate)
-        self.units = nn.ModuleList(ResidualUnit(cout, d) for d in (1, 3, 9))
-        self.scale, self.rate = scale, rate
+        self.units = nn.ModuleList(ResidualUnit(cout, d) for d in self.DILATIONS)
+        self.scale, self.rate, self.factor = scale, rate, rate
+
+    def reach(self, need: int) -> int:
+        # units: k=7 convs at dilations 1, 3, 9; transposed k = 2 * stride: one more input sample
+        return -(-(need + 6 * sum(self.DILATIONS)) // self.rate) + 1
 
     def forward(self, h, frame_mask):
-        h = self.up(self.act(h) * mask_at(frame_mask, self.scale))
-        m = mask_at(frame_mask, self.scale * self.rate)
+        h = self.up(self.act(tail(h, self.keep)) * tail(mask_at(frame_mask, self.scale), self.keep))
+        m = tail(mask_at(frame_mask, self.scale * self.rate), None if self.keep is None else self.keep * self.rate)
         for unit in self.units:
             h = unit(h, m)
         return h
 
 
 class ConvOut(Block):
+    keep: int | None = None
+    out: int | None = None      # output samples kept: the chunk's new frames
+
     def __init__(self, cin: int, scale: int):
         super().__init__()
         self.act = SnakeBeta(cin)
         self.conv = CausalConv1d(cin, 1, 7)
-        self.scale = scale
+        self.scale, self.factor = scale, 1
+
+    def reach(self, need: int) -> int:
+        return need + 6
 
     def forward(self, h, frame_mask):
-        return self.conv(self.act(h) * mask_at(frame_mask, self.scale)).clamp(-1.0, 1.0)
+        x = self.act(tail(h, self.keep)) * tail(mask_at(frame_mask, self.scale), self.keep)
+        return tail(self.conv(x), self.out).clamp(-1.0, 1.0)
 
 
-# Our block attribute name -> official name prefix, for loading (None: folded or no weights).
-def build_code2wav(c: Code2WavConfig, tensors: dict, frames: int) -> BlockChain:
-    """The Code2Wav chunk graph for `frames` = L + N frames, loaded from `decoder.*` tensors."""
+def crop_to_chunk(blocks: list[Block], frames: int, new: int) -> None:
+    """Make the causal blocks after the transformer keep only the input samples that reach the
+    last `new` frames' output: walking back from the output, each block's left reach (its kernel
+    taps, dilations and transposed-conv overlap) adds to the context the blocks after it need."""
+    need = 0
+    for block in reversed(blocks):
+        need = block.reach(need)
+        keep = new * block.scale + need
+        block.keep = keep if keep < frames * block.scale else None
+    blocks[-1].out = new * blocks[-1].scale
+
+
+def build_code2wav(c: Code2WavConfig, tensors: dict, frames: int, new: int | None = None) -> BlockChain:
+    """The Code2Wav chunk graph for `frames` = L + N frames, loaded from `decoder.*` tensors. With
+    `new` = N the graph outputs only the last N frames' samples (cropped, exact); else all of them."""
     io = ("h", "frame_mask")
     rvq = RVQDecode(c).named(("codes",), ("h",))
     rvq.fold(tensors)
@@ -349,6 +396,8 @@ def build_code2wav(c: Code2WavConfig, tensors: dict, frames: int) -> BlockChain:
 
     for name, block, prefix in blocks:
         _load_block(block, tensors, name, prefix, n)
+    if new is not None and new < frames:
+        crop_to_chunk([b for name, b, _ in blocks if name.startswith(("upsample.", "decoder."))], frames, new)
     chain = BlockChain(("codes", "frame_mask"), ("wav",), [("rvq", rvq)] + [(n_, b) for n_, b, _ in blocks])
     for m in chain.modules():
         if isinstance(m, SnakeBeta):
@@ -389,4 +438,4 @@ def frames_to_samples(c: Code2WavConfig, frames: int) -> int:
     return frames * c.samples_per_frame
 
 
-__all__ = ["build_code2wav", "mask_at", "rope_tables", "MASK_VALUE", "math"]
+__all__ = ["build_code2wav", "crop_to_chunk", "mask_at", "rope_tables", "MASK_VALUE", "math"]

@@ -78,11 +78,12 @@ COMPONENTS = (
     Component(
         name="code2wav",
         doc="speech tokenizer decoder (Code2Wav vocoder), one static streaming chunk: L frames of "
-            "left context + N new frames; the host keeps the last N*S samples",
+            "left context + N new frames in, the N new frames' samples out (the conv decoder crops its time axis "
+            "to what reaches them: exact)",
         inputs=(T("codes", (1, "Q", "L+N"), I32, "16 codebooks per frame, oldest frame first"),
                 T("frame_mask", (1, "L+N"), F32,
                   "1 for real frames, 0 for padding (the first chunks have less than L frames of context)")),
-        outputs=(T("wav", (1, 1, "(L+N)*S"), F32, "24 kHz waveform in [-1, 1]"),),
+        outputs=(T("wav", (1, 1, "N*S"), F32, "24 kHz waveform in [-1, 1] of the N new frames"),),
         gates_db=_LM_GATES, requires=("speech_tokenizer",), audio_outputs={"wav": 24000}),
     Component(
         name="speaker_encoder", doc="ECAPA-TDNN x-vector from F log-mel frames (Base checkpoints)",
@@ -108,8 +109,8 @@ RECIPE = Recipe(
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
                      affects=("code2wav",)),
         RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25). "
-                     "At the published speech tokenizer's size the HTP compiles L + N <= 34 frames, not 35 or "
-                     "more (25 + 12 fails to finalize: use 22 with the default chunk)",
+                     "Only the transformer sees all L + N frames: the conv decoder after it is cropped to the "
+                     "N new frames plus its ~10-frame reach, so L costs little",
                      affects=("code2wav",)),
         RecipeOption("speaker-frames", int, 282, "speaker encoder: log-mel frames per graph call (F; 282 = 3 s)"),
         RecipeOption("e2e-frames", int, 12,
@@ -128,7 +129,7 @@ RECIPE = Recipe(
         RecipeOption("variant", str, "custom_voice",
                      "with --random-weights or the demo: custom_voice, base or voice_design"),
     ),
-    version="2",
+    version="3",
     # One 80 ms frame of audio (12.5 Hz codes): one talker step, one predictor frame (codes 1..15),
     # and 1/N of a Code2Wav chunk of N frames.
     realtime=RealTime(
