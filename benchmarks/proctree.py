@@ -10,6 +10,11 @@ A forked child's RssAnon also counts the anonymous pages it still shares copy-on
 parent, so while a fork lives (even the instant between fork and exec of a subprocess) the RssAnon
 sum counts those pages twice. Pss_Anon (/proc/PID/smaps_rollup) splits shared pages between their
 sharers; its sum over the tree counts every page once. Both sums are recorded.
+
+CPU: every sample also sums utime + stime (/proc/PID/stat) over the tree, so each stage's wall can
+be set beside the cores it kept busy (2.0 on this host: nothing left to parallelise; ~1.0: one
+core idle). A process that ends between two samples loses its last interval's ticks: the sampled
+figure is a lower bound; the exact total is the child's rusage, recorded beside it.
 """
 from __future__ import annotations
 
@@ -27,9 +32,14 @@ TIMELINE_POINTS = 240          # the kept timeline is thinned to about this many
 PSS_EVERY_S = 5.0              # Pss_Anon is read at least this often (and whenever it could peak)
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+_CPU: dict[int, int] = {}       # pid -> utime + stime ticks, refreshed by every walk of /proc
+
+
 def _ppid_map() -> dict[int, list[int]]:
     """parent pid -> child pids, from /proc/*/stat (the kernel here has no /proc/PID/task/*/children)."""
     children: dict[int, list[int]] = {}
+    _CPU.clear()
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
@@ -40,6 +50,7 @@ def _ppid_map() -> dict[int, list[int]]:
         # field 2 (comm) may hold spaces and parentheses: split after the last ')'
         fields = stat[stat.rfind(")") + 2:].split()
         children.setdefault(int(fields[1]), []).append(int(entry.name))
+        _CPU[int(entry.name)] = int(fields[11]) + int(fields[12])       # utime, stime (fields 14, 15)
     return children
 
 
@@ -95,11 +106,13 @@ class TreeSampler:
     peak_pss_bytes: int = 0                          # Pss_Anon summed over the tree
     peak_pss_at_s: float = 0.0
     max_processes: int = 0
-    timeline: list = field(default_factory=list)    # [seconds since start, RssAnon sum, Pss_Anon sum]
+    timeline: list = field(default_factory=list)    # [s since start, RssAnon sum, Pss_Anon sum, CPU s so far]
+    cpu_s: float = 0.0                               # utime + stime of the tree, summed over samples
     pss_reads: int = 0                               # samples that read Pss_Anon too
     _stop: threading.Event = field(default_factory=threading.Event)
     _t0: float = 0.0
     _pss_at: float = float("-inf")
+    _ticks: dict = field(default_factory=dict)      # pid -> ticks at its last sample
     t0_wall: float = 0.0                            # time.time() at the first sample (stage logs use it)
 
     def start(self) -> "TreeSampler":
@@ -120,7 +133,11 @@ class TreeSampler:
         RssAnon per process, so while the RssAnon sum is at or below the Pss_Anon peak so far no Pss
         sum can exceed it -- and at least every PSS_EVERY_S for the timeline (None between)."""
         now = time.monotonic() - self._t0
-        rss = [(pid, rss_anon_bytes(pid)) for pid in tree(self.root)]
+        pids = tree(self.root)
+        ticks = {pid: _CPU[pid] for pid in pids if pid in _CPU}
+        self.cpu_s += sum(max(0, t - self._ticks.get(pid, 0)) for pid, t in ticks.items()) / CLK_TCK
+        self._ticks = ticks
+        rss = [(pid, rss_anon_bytes(pid)) for pid in pids]
         rss = [(pid, r) for pid, r in rss if r is not None]
         total = sum(r for _, r in rss)
         read_pss = total > self.peak_pss_bytes or now - self._pss_at >= PSS_EVERY_S
@@ -131,7 +148,7 @@ class TreeSampler:
             self.pss_reads += 1
         self.samples += 1
         self.max_processes = max(self.max_processes, len(per))
-        self.timeline.append([round(now, 2), total, pss])
+        self.timeline.append([round(now, 2), total, pss, round(self.cpu_s, 2)])
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_at_s = total, now
             self.peak_processes = [{"pid": pid, "ppid": _ppid(pid), "rss_anon_bytes": r, "pss_anon_bytes": p,
@@ -165,7 +182,8 @@ class TreeSampler:
                     "is read only when it could set a new peak (its sum <= the RssAnon sum) and every "
                     f"{PSS_EVERY_S:g} s; the timeline's Pss column is null between reads",
             "t0_unix": round(self.t0_wall, 3),
-            "timeline_columns": ["s", "rss_anon_sum_bytes", "pss_anon_sum_bytes"],
+            "cpu_s_sampled": round(self.cpu_s, 2),
+            "timeline_columns": ["s", "rss_anon_sum_bytes", "pss_anon_sum_bytes", "cpu_s_so_far"],
             "timeline": _thin(self.timeline, TIMELINE_POINTS),
         }
 
@@ -196,11 +214,15 @@ class Monitored:
     stdout: str
     stderr: str
     max_rss_child_bytes: int | None      # getrusage ru_maxrss of the direct child (includes file pages)
+    cpu_s: float | None = None           # user + system CPU of the child and every descendant it reaped
 
     def to_json(self, include_stderr: bool) -> dict:
         d = {"command": self.command, "exit_code": self.exit_code, "signal": self.signal,
              "wall_s": round(self.wall_s, 3), "memory": self.memory,
-             "child_max_rss_bytes_incl_file_pages": self.max_rss_child_bytes}
+             "child_max_rss_bytes_incl_file_pages": self.max_rss_child_bytes,
+             "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 2),
+             "mean_cores_busy": None if not self.cpu_s or not self.wall_s else round(self.cpu_s / self.wall_s, 3),
+             "cores": os.cpu_count()}
         if include_stderr:
             d["stderr_tail"] = self.stderr[-STDERR_TAIL_CHARS:]
         return d
@@ -227,13 +249,16 @@ def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval
     if stages.exists():
         memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall)
     return Monitored(command, code, sig, wall, memory, out_path.read_text(errors="replace"),
-                     err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None)
+                     err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None,
+                     usage.ru_utime + usage.ru_stime if usage else None)
 
 
 def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
-    """Per stage of the measured run (its OMNI_EXPORT_STAGE_LOG): wall seconds and the peak summed
-    RssAnon sampled while it ran -- attribution by stage, not by subtracting totals. A stage
-    shorter than the sampling interval may have no sample (peak None)."""
+    """Per stage of the measured run (its OMNI_EXPORT_STAGE_LOG): wall seconds, the peak summed
+    RssAnon sampled while it ran and the cores its tree kept busy (sampled CPU seconds / wall) --
+    attribution by stage, not by subtracting totals. A stage shorter than the sampling interval may
+    have no sample (peak and cores None). Stages nest and runner jobs overlap later stages, so the
+    cores are those of the whole tree while the stage was open."""
     import json
 
     open_at, rows = {}, []
@@ -246,16 +271,25 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
             open_at[e["stage"]] = e["t"]
         elif e["stage"] in open_at:
             a, b = open_at.pop(e["stage"]) - t0_wall, e["t"] - t0_wall
-            inside = [r for s, r, _ in timeline if a <= s <= b]
+            inside = [p for p in timeline if a <= p[0] <= b]
             rows.append({"stage": e["stage"], "start_s": round(a, 2), "wall_s": round(b - a, 2),
-                         "peak_rss_anon_gib": round(max(inside) / 2**30, 3) if inside else None})
+                         "peak_rss_anon_gib": round(max(p[1] for p in inside) / 2**30, 3) if inside else None,
+                         "cores_busy": _cores(inside)})
     end = timeline[-1][0] if timeline else 0.0
     for stage, t in open_at.items():              # still running when the run ended (killed, crashed)
         a = t - t0_wall
-        inside = [r for s, r, _ in timeline if s >= a]
+        inside = [p for p in timeline if p[0] >= a]
         rows.append({"stage": stage, "start_s": round(a, 2), "wall_s": round(end - a, 2), "unfinished": True,
-                     "peak_rss_anon_gib": round(max(inside) / 2**30, 3) if inside else None})
+                     "peak_rss_anon_gib": round(max(p[1] for p in inside) / 2**30, 3) if inside else None,
+                     "cores_busy": _cores(inside)})
     return rows
+
+
+def _cores(inside: list) -> float | None:
+    """Mean cores busy between the first and last sample of a stage (None: fewer than two)."""
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return round((inside[-1][3] - inside[0][3]) / (inside[-1][0] - inside[0][0]), 2)
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None):

@@ -152,10 +152,15 @@ def _print_build(d: dict, path: Path) -> None:
     print(f"{d['status']}: exit {p['exit_code']}, wall {p['wall_s']:.1f} s, peak RssAnon (tree) "
           f"{m['peak_rss_anon_gib']:.2f} GiB, peak Pss_Anon (tree) {m['peak_pss_anon_gib']:.2f} GiB "
           f"over {m['samples']} samples")
-    ranked = sorted((s for s in m.get("stages", []) if s["peak_rss_anon_gib"] is not None),
-                    key=lambda s: -s["peak_rss_anon_gib"])
+    if p.get("cpu_s") is not None:
+        print(f"CPU {p['cpu_s']:.0f} s: {p['mean_cores_busy']:.2f} of {p['cores']} cores busy on average")
+    stages = m.get("stages", [])
+    ranked = sorted((s for s in stages if s["peak_rss_anon_gib"] is not None), key=lambda s: -s["peak_rss_anon_gib"])
     for s in ranked[:6]:
         print(f"  {s['peak_rss_anon_gib']:6.2f} GiB peak  {s['wall_s']:8.1f} s  {s['stage']}")
+    for s in sorted(stages, key=lambda s: -s["wall_s"])[:8]:
+        cores = "   -" if s.get("cores_busy") is None else f"{s['cores_busy']:4.2f}"
+        print(f"  {s['wall_s']:8.1f} s  {cores} cores busy  {s['stage']}")
     if d["budget"]:
         print(f"budget: peak within {d['budget']['peak_within']}, wall within {d['budget']['wall_within']}")
     print(f"result: {path}")

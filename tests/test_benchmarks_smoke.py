@@ -36,7 +36,12 @@ def check_provenance(d: dict) -> None:
     assert "run.py" in p["command_line"][1] and p["options"]
     mem = d["process"]["memory"]
     assert mem["samples"] >= 1 and mem["peak_rss_anon_bytes"] > 10 * 2**20
-    assert mem["peak_processes"] and max(r for _, r, _ in mem["timeline"]) == mem["peak_rss_anon_bytes"]
+    assert mem["peak_processes"] and max(p[1] for p in mem["timeline"]) == mem["peak_rss_anon_bytes"]
+    cpu = [p[3] for p in mem["timeline"]]
+    assert cpu == sorted(cpu) and cpu[-1] == mem["cpu_s_sampled"] > 0          # CPU seconds so far, sampled
+    proc = d["process"]
+    assert 0 < mem["cpu_s_sampled"] <= proc["cpu_s"] * 1.05        # sampled misses ends; rusage is exact
+    assert 0 < proc["mean_cores_busy"] <= proc["cores"] + 0.1
     assert 0 < mem["peak_pss_anon_bytes"] <= mem["peak_rss_anon_bytes"] * 1.01
 
 
@@ -98,6 +103,9 @@ def test_build_benchmark_records_manifest_timings_and_sizes(tmp_path):
     assert b["status"] == "accepted" and b["bytes"] > 0 and b["timings"]["lower_s"] > 0
     assert m["artifact_bytes"]["accepted"] == b["bytes"] and m["toolchain"]["onnx"]
     assert d["cli_json"]["exit_code"] == 0 and d["disk_bytes"]
+    stages = {s["stage"]: s for s in d["process"]["memory"]["stages"]}
+    lower = stages["code2wav: lower onnx fp16"]
+    assert lower["wall_s"] > 0 and (lower["cores_busy"] is None or 0 <= lower["cores_busy"] <= d["process"]["cores"] + 0.5)
 
 
 def test_a_failing_build_is_recorded_with_its_exit_status_and_stderr(tmp_path):
