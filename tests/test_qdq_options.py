@@ -295,3 +295,33 @@ def test_the_name_index_finds_what_a_scan_finds_as_the_container_changes():
         for name in "abcdefz":
             assert idx(name, g.initializer) is find_by_name(name, g.initializer), (name, [i.name for i in g.initializer])
     assert idx("b", [g.initializer[0]]) is g.initializer[0]        # plain lists: a scan
+
+
+def test_external_weights_quantize_the_same_in_a_child_mapping_its_calibration(tmp_path):
+    """Past 256 MB the quantizer runs in a spawned child that maps the calibration inputs from .npy
+    files (not a pickled copy), and its range pass loads the graph without its weights (the session
+    reads them from the data file): the QDQ model is the one an in-process call on the inputs in
+    memory makes, and nothing is left beside the source."""
+    from omni_export.exporters.lower import isolated
+
+    rng = np.random.default_rng(1)
+    (tmp_path / "src").mkdir()
+    src = _mlp(tmp_path / "src" / "mlp.onnx", rng)
+    onnx.save(onnx.load(str(src)), str(src), save_as_external_data=True, location=ox.data_file(src).name,
+              size_threshold=0)
+    calib = [{"x": rng.standard_normal((1, 5, 8)).astype(np.float32)} for _ in range(16)]
+    mapped = ox.MappedSamples.write(calib, tmp_path / "calib")
+    assert len(mapped) == 16 and isinstance(mapped[3]["x"], np.memmap) and np.array_equal(mapped[-1]["x"], calib[15]["x"])
+    with ox.linear_calibrator():
+        from onnxruntime.quantization import calibrate
+
+        graph_only = calibrate.load_model_with_shape_infer(src)
+    assert {i.name for i in graph_only.graph.initializer if not i.HasField("raw_data")} == {"w1", "w2"}
+    models = []
+    for where, data in (("memory", calib), ("child", mapped)):
+        q = isolated(where == "child", ox.quantize_qdq, src, tmp_path / where / "q.onnx", data, Precision.W8A16)
+        m = onnx.load(str(q))
+        models.append(({i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer},
+                       [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]))
+    assert models[0] == models[1] and len(models[0][0]) > 4
+    assert sorted(p.name for p in src.parent.iterdir()) == ["mlp.onnx", "mlp.onnx.data"]

@@ -104,9 +104,16 @@ class Lowering:
             if not self.traced.calibration:
                 raise ValueError(f"{precision.value} needs calibration inputs; none were captured")
             src = self.onnx(Precision.FP32)
-            path = isolated(ox.data_file(src).exists(), ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx",
-                            self.traced.calibration, precision, self.headroom.get(precision),
-                            self.per_channel_linears, self.weight_rounding)
+            big = ox.data_file(src).exists()
+            calibration = self.traced.calibration
+            if big:     # the child maps the calibration inputs from files instead of unpickling a copy
+                calibration = ox.MappedSamples.write(calibration, self.work / f"{key}.calibration")
+            try:
+                path = isolated(big, ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx", calibration, precision,
+                                self.headroom.get(precision), self.per_channel_linears, self.weight_rounding)
+            finally:
+                if big:
+                    shutil.rmtree(calibration.root, ignore_errors=True)
         self._onnx[key] = path
         return path
 
@@ -144,6 +151,10 @@ class Lowering:
         if self.target.has_htp and self.placement.unit == "htp" and precision != Precision.FP32:
             src, opts = self.qnn_source(precision)
             return self._htp_spec(str(src), src, opts)
+        return self._spec("ort-cpu", self.onnx(precision), self._proxy())
+
+    def cpu_runner(self, precision: Precision) -> RunnerSpec:
+        """This graph's ONNX at `precision` (QDQ when quantized) on ORT CPU."""
         return self._spec("ort-cpu", self.onnx(precision), self._proxy())
 
     # ---- builds

@@ -359,6 +359,36 @@ def copy(src: Path, dst: Path) -> list[Path]:
     return [dst, target]
 
 
+class MappedSamples(Sequence):
+    """Input dicts stored as one .npy per (sample, input) and read back memory-mapped. A quantizer
+    child gets paths instead of a pickle: the 0.6B talker prefill's 16 calibration calls carry the
+    KV cache (235 MB each, 3.7 GB), which the pickle copied into the child's heap (and transiently
+    into a send buffer in the parent); mapped, the pages are file-backed and evictable."""
+
+    def __init__(self, root: Path, count: int, names: tuple[str, ...]):
+        self.root, self.count, self.names = Path(root), count, tuple(names)
+
+    @classmethod
+    def write(cls, samples: Sequence[dict], root: Path) -> "MappedSamples":
+        root.mkdir(parents=True, exist_ok=True)
+        names = tuple(samples[0]) if len(samples) else ()
+        for i, sample in enumerate(samples):
+            for j, name in enumerate(names):
+                np.save(root / f"{i}.{j}.npy", np.ascontiguousarray(sample[name]))
+        return cls(root, len(samples), names)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.count))]
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        i %= self.count
+        return {name: np.load(self.root / f"{i}.{j}.npy", mmap_mode="r") for j, name in enumerate(self.names)}
+
+
 class _Reader:
     """onnxruntime.quantization CalibrationDataReader over a list of input dicts."""
 
@@ -554,12 +584,48 @@ def linear_calibrator():
     (`_augment_graph_linear`); for our own range pass (`activation_ranges`) and the quantizer's."""
     from onnxruntime.quantization.calibrate import MinMaxCalibrater
 
-    saved = MinMaxCalibrater.__dict__["augment_graph"]
+    from onnxruntime.quantization import calibrate
+
+    base = calibrate.CalibraterBase
+    saved = (MinMaxCalibrater.__dict__["augment_graph"], calibrate.load_model_with_shape_infer,
+             base.__dict__["create_inference_session"])
     MinMaxCalibrater.augment_graph = _augment_graph_linear
+    calibrate.load_model_with_shape_infer = _load_graph_only
+    base.create_inference_session = _calibration_session
     try:
         yield
     finally:
-        MinMaxCalibrater.augment_graph = saved
+        (MinMaxCalibrater.augment_graph, calibrate.load_model_with_shape_infer,
+         base.create_inference_session) = saved
+
+
+def _calibration_session(self) -> None:
+    """CalibraterBase.create_inference_session without pre-packed weights: ONNX Runtime's CPU kernels
+    re-lay every constant MatMul / Conv weight into a second buffer at load, for speed over many
+    calls; a calibration pass makes a few."""
+    import onnxruntime
+
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    self.infer_session = onnxruntime.InferenceSession(self.augmented_model_path, sess_options=so,
+                                                      providers=self.execution_providers)
+
+
+def _load_graph_only(model_path: Path):
+    """The calibrator's model load (onnxruntime.quantization.quant_utils.load_model_with_shape_infer)
+    without external weights: it only adds nodes and outputs, and the session it opens reads the
+    weights from the data file. Loaded, they were a second copy beside the session's (1.9 GB for
+    the 0.6B talker prefill), and the calibration graph was written out with all of them again."""
+    import onnx
+    from onnxruntime.quantization.quant_utils import add_infer_metadata, generate_identified_filename
+
+    inferred = generate_identified_filename(Path(model_path), "-inferred")
+    onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
+    model = onnx.load(inferred.as_posix(), load_external_data=False)
+    add_infer_metadata(model)
+    inferred.unlink()
+    return model
 
 
 def _augment_graph_linear(self) -> None:
@@ -611,6 +677,8 @@ def _augment_graph_linear(self) -> None:
         graph.node.extend(before.get(i, []))
         if node is not None:
             graph.node.append(node)
+    # Weights loaded graph-only (`_load_graph_only`) stay references to the model's data file, so
+    # the calibration graph is saved beside that file (callers put augmented_model_path there).
     onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
 
 
@@ -728,20 +796,27 @@ def activation_ranges(src: Path, calibration: Sequence[dict], work: Path,
                       keep: Path | None = None) -> dict[str, tuple[float, float]]:
     """MinMax of every activation over the calibration inputs (ONNX Runtime's calibrator).
     keep: also write them there as ONNX Runtime's calibration cache (quantize_static reads it)."""
-    import tempfile
 
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
 
+    from ..memory import trim_heap
+
     work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
+    # beside src: the calibration graph refers to src's data file by a relative path
+    augmented = Path(src).with_name(f".{Path(src).stem}.augmented-{os.getpid()}.onnx")
+    try:
         with linear_calibrator():
-            cal = create_calibrator(Path(src), None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+            cal = create_calibrator(Path(src), None, augmented_model_path=str(augmented),
                                     calibrate_method=CalibrationMethod.MinMax,
                                     use_external_data_format=data_file(src).exists(),
                                     providers=["CPUExecutionProvider"])
         cal.collect_data(_Reader(calibration))
         ranges = cal.compute_data()
         del cal
+    finally:
+        augmented.unlink(missing_ok=True)
+        data_file(augmented).unlink(missing_ok=True)
+        trim_heap()
     if keep is not None:
         save_tensors_data(ranges, keep)
     return {name: (float(np.min(r.range_value[0])), float(np.max(r.range_value[1]))) for name, r in ranges.items()}
