@@ -214,7 +214,9 @@ def _recipe_command(name: str) -> click.Command:
                                                        "(OMNI_EXPORT_CAPTURE_CACHE=off captures them again)"),
         click.Option(["--attribution"], type=click.Choice(["auto", "all", "off"]), default="auto", show_default=True,
                      help="per-block fidelity (each block lowered alone, fed fp32 activations): auto runs it "
-                          "for the precisions that have a rejected build, to say which block lost the dB"),
+                          "for the precisions that have a rejected build, to say which block lost the dB, on "
+                          "ORT CPU when that precision's ONNX build already scored low there and no build failed (else on the "
+                          "target's runner: the HTP simulator); all runs every precision on the target's runner"),
         click.Option(["--no-attribution"], is_flag=True, help="same as --attribution off"),
         click.Option(["--rewrites"], default=None, metavar="LIST",
                      help="HTP-safe graph rewrites: comma-separated names, or 'none' to see what they "

@@ -412,7 +412,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             late = [p for p in _attribution_precisions(builds)
                     if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte"
                            for e in comp_entries)]
-            attribution_jobs = _lower_attribution(opts, traced, late, store, pool, progress)
+            on_cpu = {p for p in late if _scored_low_on_cpu(comp_entries, p)}
+            attribution_jobs = _lower_attribution(opts, traced, late, store, pool, progress, on_cpu)
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
     _link_attribution(comp_entries, attribution)
     kept = inputs.keep_for_hub(store, opts.recipe.name, opts.target, lowering, comp_entries)
@@ -602,8 +603,21 @@ def _attribution_precisions(builds) -> list[Precision]:
     return sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
 
 
-def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -> dict:
-    """Per precision: lower each block alone for the target's main runner and queue its run.
+def _scored_low_on_cpu(entries: list[dict], precision: Precision) -> bool:
+    """The ONNX build at this precision ran on ORT CPU and scored below its gate, and every other
+    build at this precision lowered and ran: the loss is the quantization's own, and ORT shows where
+    it happens as the HTP simulator does, at a fraction of the time (real-size Code2Wav w8a16: 11
+    blocks, 670 s on the simulator). A build that failed to compile or run keeps the attribution on
+    the target's runner: lowering each block alone there names the block that fails (how Code2Wav's
+    QNN_COMMON_ERROR_MEM_ALLOC was traced to its last DecoderBlock)."""
+    mine = [e for e in entries if e["precision"] == precision.value]
+    return (any(e["format"] == "onnx" and e["status"] == "rejected" and not e.get("error") for e in mine)
+            and not any(e.get("error") for e in mine))
+
+
+def _lower_attribution(opts, traced, precisions, store: Store, pool, progress, on_cpu: set = frozenset()) -> dict:
+    """Per precision: lower each block alone for the target's main runner (ORT CPU for the
+    precisions in `on_cpu`) and queue its run.
 
     Each block is fed the fp32 activations the full graph produced in front of it, so its score
     is the loss that block adds by itself (not the loss it inherits)."""
@@ -624,7 +638,7 @@ def _lower_attribution(opts, traced, precisions, store: Store, pool, progress) -
             for block, lw in zip(blocks, lowerings):
                 row = {"block": block.name.split(":", 1)[1]}
                 try:
-                    spec = lw.primary_runner(p)
+                    spec = lw.cpu_runner(p) if p in on_cpu else lw.primary_runner(p)
                     row["runner"] = spec.label
                     rows.append((row, block, pool.submit(spec, block.heldout)))
                 except Exception as e:

@@ -85,7 +85,8 @@ def test_provenance_and_calibration_are_recorded(demo_run):
 
 def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
     """Default --attribution auto: the blocks of a precision with a rejected build are lowered alone
-    and scored on the simulator; a precision whose builds all pass is not re-examined."""
+    and scored -- on ORT CPU when that precision's ONNX build scored low there, else on the
+    simulator; a precision whose builds all pass is not re-examined."""
     _, out = demo_run
     m = read_manifest(out)
     att = m["components"]["code2wav"]["attribution"]
@@ -94,7 +95,26 @@ def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
     names = [r["block"] for r in att["w8a16"]]
     assert names[0] == "rvq" and names[-1] == "decoder.out" and "pre_transformer" in names
     assert all(r["snr_db"] is not None for r in att["w8a16"])
-    assert "HTP simulator" in att["w8a16"][0]["runner"]
+    for prec, rows in att.items():
+        mine = [b for b in m["builds"] if b["component"] == "code2wav" and b["precision"] == prec]
+        onnx_low = any(b["format"] == "onnx" and b["status"] == "rejected" and not b.get("error") for b in mine)
+        want = "ONNX Runtime CPU" if onnx_low and not any(b.get("error") for b in mine) else "HTP simulator"
+        assert all(want in r["runner"] for r in rows), (prec, [(b["format"], b["status"]) for b in mine])
+
+
+def test_attribution_runs_on_cpu_only_when_the_onnx_build_scored_low_there_and_nothing_failed():
+    from omni_export.core import Precision
+    from omni_export.pipeline import _scored_low_on_cpu
+
+    def e(fmt, status, error=None, prec="w8a16"):
+        return {"format": fmt, "precision": prec, "status": status, **({"error": error} if error else {})}
+
+    w = Precision.W8A16
+    assert _scored_low_on_cpu([e("onnx", "rejected"), e("dlc", "rejected"), e("ctx", "accepted")], w)
+    assert not _scored_low_on_cpu([e("onnx", "accepted"), e("dlc", "rejected")], w)       # an HTP-only loss
+    assert not _scored_low_on_cpu([e("onnx", "rejected", "lowering failed: x")], w)      # never scored
+    assert not _scored_low_on_cpu([e("onnx", "rejected"), e("ctx", "rejected", "lowering failed: MEM")], w)
+    assert not _scored_low_on_cpu([e("onnx", "rejected", prec="fp16")], w)
 
 
 def test_rejected_reasons_name_the_weakest_block(demo_run):
