@@ -307,6 +307,38 @@ def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lo
         assert np.array_equal(x["y"], y["y"])
 
 
+def test_a_big_graph_is_quantized_in_a_child_that_maps_its_calibration(traced, lowering, tmp_path, monkeypatch):
+    """A graph with external data is quantized in a spawned child that reads the calibration inputs
+    memory-mapped from .npy files (removed afterwards), and gets the QDQ weights the in-process
+    quantization of the same graph gets."""
+    import onnx
+    from onnx import numpy_helper
+
+    from omni_export.exporters import lower
+
+    monkeypatch.setattr(ox, "_STREAM_BYTES", 0)
+    seen = []
+    real = lower.isolated
+
+    def watched(big, fn, *args):
+        if fn is ox.quantize_qdq:
+            data = args[2]
+            seen.append((big, type(data).__name__, len(data), data.root.is_dir()))
+        return real(big, fn, *args)
+
+    monkeypatch.setattr(lower, "isolated", watched)
+    ext = Lowering(traced, TARGETS["s25-htp"], tmp_path / "ext", rewrites=("pow_mul",))
+    q = ext.onnx(Precision.W8A16)
+    assert seen == [(True, "MappedSamples", len(traced.calibration), True)]
+    assert not list((tmp_path / "ext").glob("*.calibration"))
+
+    def weights(path):
+        m = onnx.load(str(path))
+        return {i.name: numpy_helper.to_array(i).tobytes() for i in m.graph.initializer}
+
+    assert weights(q) == weights(lowering.onnx(Precision.W8A16))
+
+
 def test_big_graphs_are_compiled_and_quantized_in_a_child_process():
     """QNN compiles and ORT quantization of graphs with external data run in a spawned child (their
     memory leaves with it); small graphs stay in process."""

@@ -364,8 +364,9 @@ def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):
 
 
 def test_a_failure_whose_cause_we_measured_says_what_to_do():
-    """QNN's finalizer says only "memory allocation"; at real size it means a tensor too long for the
-    HTP (real-size Code2Wav: 34 frames compile, 35 do not), so the reason says what compiles."""
+    """QNN's finalizer says only "memory allocation"; measured on real-size Code2Wav's last block
+    alone, it meant a tensor too long for the HTP (34 frames compile, 35 do not), so the reason says
+    what may compile."""
     from omni_export.pipeline import _short
 
     e = RuntimeError("[ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. Error: "

@@ -316,6 +316,7 @@ def test_external_weights_quantize_the_same_in_a_child_mapping_its_calibration(t
         from onnxruntime.quantization import calibrate
 
         graph_only = calibrate.load_model_with_shape_infer(src)
+        assert calibrate.CalibraterBase.create_inference_session is ox._calibration_session   # no pre-packing
     assert {i.name for i in graph_only.graph.initializer if not i.HasField("raw_data")} == {"w1", "w2"}
     models = []
     for where, data in (("memory", calib), ("child", mapped)):
