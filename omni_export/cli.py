@@ -147,7 +147,8 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
-                 rewrites, jobs, gate, sim_samples, htp_optimization, quiet, debug, summary_to, **recipe_opts):
+                 rewrites, jobs, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
+                 **recipe_opts):
         from .faults import sigint_latched
         from .pipeline import RunOptions, run
 
@@ -165,7 +166,8 @@ def _recipe_command(name: str) -> click.Command:
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
                 jobs=jobs or default_jobs(), gates=parse_gates(gate), sim_samples=sim_samples,
-                htp_finalize=htp_optimization)
+                htp_finalize=htp_optimization,
+                max_memory=int(max_memory * 1e9) if max_memory else None)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
             with _native_stdout_to_stderr(), sigint_latched():
@@ -236,6 +238,11 @@ def _recipe_command(name: str) -> click.Command:
                           "fast (the 0.6B fused predictor frame: 23 s), 2 (QNN's default) and 3 search "
                           "longer for a faster on-device graph (450 s for that frame at QNN's default). "
                           "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
+        click.Option(["--max-memory"], type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB",
+                     help="keep the build's process tree under about this many GB (1e9 bytes): heavy steps of "
+                          "big graphs (QNN compile and quantizer children, simulator workers, .pte lowering) "
+                          "then run one after another instead of side by side. Default: let them overlap while "
+                          "their estimated peaks fit in the memory free at each component's start"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

@@ -1,6 +1,8 @@
 """Giving freed memory back to the OS between the stages of a long build."""
 from __future__ import annotations
 
+import contextlib
+
 
 def trim_heap() -> None:
     """malloc_trim(0): glibc keeps freed small blocks (a model's many tensors under its 32 MB mmap
@@ -13,3 +15,118 @@ def trim_heap() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what the kernel can hand out without swapping); None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def own_rss_anon() -> int:
+    """This process's RssAnon (bytes); 0 when /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class MemoryGate:
+    """Reservations for the heavy processes a build runs beside itself: QNN compile and quantizer
+    children, simulator / ONNX Runtime scoring workers, an in-process .pte lowering. Each heavy step
+    holds an estimate of its peak (a multiple of its graph's weight bytes, measured at 0.6B) while
+    it runs; a step whose estimate does not fit beside what is already held waits for the others
+    to finish. A step always runs when nothing else is held, so the build never stalls: the gate
+    only decides what may overlap.
+
+    At 0.6B on 24 GiB everything still overlaps (two ~3.9 GB reservations fit); at 1.7B a
+    ~13 GB QNN compile child and a ~13 GB simulator worker would not fit beside the build process,
+    and run one after the other instead of being killed by the kernel. `budget` None: no gating."""
+
+    def __init__(self, budget: int | None = None):
+        import threading
+
+        self.budget = budget
+        self._held = 0
+        self._count = 0
+        self._cond = threading.Condition()
+        self.waits = 0
+        self.waited_s = 0.0
+        self.peak_held = 0
+
+    def acquire(self, nbytes: int) -> None:
+        import time
+
+        if nbytes <= 0:
+            return
+        with self._cond:
+            t0 = time.monotonic()
+            waited = False
+            while self.budget is not None and self._count and self._held + nbytes > self.budget:
+                waited = True
+                self._cond.wait()
+            if waited:
+                self.waits += 1
+                self.waited_s += time.monotonic() - t0
+            self._held += nbytes
+            self._count += 1
+            self.peak_held = max(self.peak_held, self._held)
+
+    def release(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._cond:
+            self._held -= nbytes
+            self._count -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int):
+        self.acquire(nbytes)
+        try:
+            yield
+        finally:
+            self.release(nbytes)
+
+    def report(self) -> dict:
+        return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_held, "waits": self.waits,
+                "waited_s": round(self.waited_s, 3)}
+
+
+NO_GATE = MemoryGate(None)
+
+
+# Peak RssAnon of one heavy step per byte of its graph's fp32 weights. Measured in the 0.6B full
+# build (3253e34, talker graphs ~1.8 GB of fp32 weights): QNN compile child 3.60 GiB, HTP simulator
+# worker 3.57 GiB, quantizer child 3.08 GiB (alone, 16 calibration calls). ORT CPU sessions of an
+# fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's arena; an in-process
+# .pte lowering holds the fp16 / int8 copy, the lowered payload and the serialized buffer (~1.5x).
+STEP_FACTORS = {"qnn-compile": 2.2, "quantize": 2.0, "qnn-htp": 2.2, "ort-cpu": 1.5, "pte-lower": 1.5,
+                "executorch": 1.0}
+
+
+def step_bytes(kind: str, weight_bytes: int) -> int:
+    """The reservation of a heavy step (STEP_FACTORS) for a graph of `weight_bytes` fp32 weights."""
+    return int(STEP_FACTORS.get(kind, 1.0) * weight_bytes)
+
+
+def build_budget(max_memory: int | None) -> int:
+    """What the heavy steps of one component may hold together: 90 % of what the kernel can hand
+    out now (MemAvailable; the build process's own memory is already taken from it), and with
+    `max_memory` (the whole tree's target) no more than it minus this process's RssAnon."""
+    avail = available_bytes()
+    budget = int(avail * 0.9) if avail is not None else None
+    if max_memory is not None:
+        mine = max(0, max_memory - own_rss_anon())
+        budget = mine if budget is None else min(budget, mine)
+    return budget if budget is not None else 1 << 62

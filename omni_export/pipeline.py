@@ -46,6 +46,7 @@ class RunOptions:
     e2e: tuple[str, ...] | None = None             # runner kinds for end-to-end parity; None: the target's
     sim_samples: int | None = None                 # held-out samples on slow runners; None: auto, 0: all
     htp_finalize: str | None = DEFAULT_FINALIZE    # QNN HTP graph finalization mode (qnn_ep); None: QNN's
+    max_memory: int | None = None                  # bytes the build's process tree should stay under; None: what is free
 
 
 @dataclass
@@ -399,7 +400,15 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                       f"kernels score {len(slow)} of {len(traced.heldout)} held-out samples (--sim-samples)")
     lowering = Lowering(traced, opts.target, store.root / ".staging" / "work" / comp_name,
                         **_lowering_options(opts, comp_name))
-    with RunPool(opts.jobs, one_at_a_time=weight_bytes >= HEAVY_BYTES) as pool:
+    gate = None
+    if weight_bytes >= HEAVY_BYTES:
+        # heavy steps (compile / quantizer children, scoring workers, .pte lowering) overlap only
+        # while their estimated peaks fit in what is free (or under --max-memory)
+        from .memory import MemoryGate, build_budget
+
+        gate = MemoryGate(build_budget(opts.max_memory))
+        lowering.gate, lowering.weight_bytes = gate, weight_bytes
+    with RunPool(opts.jobs, one_at_a_time=weight_bytes >= HEAVY_BYTES, gate=gate) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
         shared: dict = {}
@@ -415,6 +424,11 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
             on_cpu = {p for p in late if _scored_low_on_cpu(comp_entries, p)}
             attribution_jobs = _lower_attribution(opts, traced, late, store, pool, progress, on_cpu)
         attribution = _collect_attribution(attribution_jobs, progress, traced.name)
+    if gate is not None:
+        timings["memory_gate"] = gate.report()
+        if gate.waits:
+            progress.note(f"{comp_name}: {gate.waits} heavy step(s) waited {gate.waited_s:.0f} s for memory "
+                          f"(budget {gate.budget / 2**30:.1f} GiB)")
     _link_attribution(comp_entries, attribution)
     kept = inputs.keep_for_hub(store, opts.recipe.name, opts.target, lowering, comp_entries)
     entries.extend(comp_entries)
@@ -522,7 +536,7 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         p.entry["shared_run"] = True
     else:
         inputs = traced.heldout if p.samples is None else [traced.heldout[i] for i in p.samples]
-        p.future = pool.submit(runner, inputs)
+        p.future = pool.submit(runner, inputs, reserve=lowering.need(runner.kind))
         if key:
             shared[key] = p.future
     p.t_submit = time.time()

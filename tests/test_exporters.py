@@ -84,6 +84,67 @@ def test_heavy_graphs_score_one_session_at_a_time_each_in_a_fresh_process(traced
         assert len({pool._pool.submit(os.getpid).result() for _ in range(6)}) <= 2
 
 
+def test_memory_gate_lets_heavy_steps_overlap_only_while_their_reservations_fit():
+    import threading
+
+    from omni_export.memory import MemoryGate
+
+    gate = MemoryGate(10)
+    order = []
+    gate.acquire(6)
+
+    def other():
+        gate.acquire(6)             # 6 + 6 > 10: waits for the first to be released
+        order.append("second")
+        gate.release(6)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and not order
+    order.append("first released")
+    gate.release(6)
+    t.join(5)
+    assert order == ["first released", "second"] and gate.waits == 1 and gate.peak_held == 6
+    with gate.hold(4), gate.hold(6):            # fits: no wait
+        assert gate.waits == 1
+    with gate.hold(50):                         # larger than the budget, nothing else held: runs
+        pass
+    assert gate.peak_held == 50
+
+
+def test_runner_pool_starts_a_gated_job_only_when_its_reservation_fits(traced, lowering, tmp_path):
+    """A job whose memory reservation does not fit beside what the build holds (a QNN compile child)
+    stays queued until that is released; jobs that fit only one at a time never overlap; results
+    are the runner's."""
+    import time
+
+    from omni_export.memory import MemoryGate
+    from omni_export.parity.pool import RunPool
+
+    built = lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.FP16, "s25-htp"), tmp_path)
+    expect = [o["y"].tobytes() for o in run_all(built.runner, traced.heldout)]
+    gate = MemoryGate(100)
+    with RunPool(2, gate=gate) as pool:
+        gate.acquire(70)                                        # the build's own heavy step
+        first = pool.submit(built.runner, traced.heldout, reserve=60)
+        time.sleep(4)                                           # a worker would have run it by now
+        assert not first.done()
+        gate.release(70)
+        second = pool.submit(built.runner, traced.heldout, reserve=60)
+        outs = [first.result(timeout=120), second.result(timeout=120)]
+    assert [[o["y"].tobytes() for o in out] for out in outs] == [expect, expect]
+    assert gate.peak_held == 70 and gate.waits >= 2     # 60 + 60 > 100: the two jobs ran one after the other
+
+
+def test_run_options_memory_budget_is_what_is_free_or_under_max_memory():
+    from omni_export.memory import available_bytes, build_budget, own_rss_anon
+
+    free = available_bytes()
+    assert free and 0 < build_budget(None) <= free
+    assert build_budget(own_rss_anon() + 10**9) <= 10**9
+
+
 def test_w8a16_is_closer_than_w8a8(traced, lowering, tmp_path):
     s16 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A16, "t"), tmp_path).runner)
     s8 = score(traced, lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.W8A8, "t"), tmp_path).runner)

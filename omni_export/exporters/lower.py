@@ -61,6 +61,10 @@ class Lowering:
         self.rewrite_report: list[dict] = []
         self._program = None
         self._onnx: dict[str, Path] = {}
+        from ..memory import NO_GATE
+
+        self.gate = NO_GATE          # memory.MemoryGate: heavy steps hold their estimate while they run
+        self.weight_bytes = 0        # the graph's fp32 weight bytes, when it is heavy enough to gate
         work.mkdir(parents=True, exist_ok=True)
 
     # ---- graphs
@@ -109,8 +113,9 @@ class Lowering:
             if big:     # the child maps the calibration inputs from files instead of unpickling a copy
                 calibration = ox.MappedSamples.write(calibration, self.work / f"{key}.calibration")
             try:
-                path = isolated(big, ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx", calibration, precision,
-                                self.headroom.get(precision), self.per_channel_linears, self.weight_rounding)
+                with self.gate.hold(self.need("quantize")):
+                    path = isolated(big, ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx", calibration, precision,
+                                    self.headroom.get(precision), self.per_channel_linears, self.weight_rounding)
             finally:
                 if big:
                     shutil.rmtree(calibration.root, ignore_errors=True)
@@ -170,7 +175,8 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            dlc = isolated(_big(src), qnn_ep.compile_dlc, src, staging / "dlc", opts)
+            with self.gate.hold(self.need("qnn-compile")):
+                dlc = isolated(_big(src), qnn_ep.compile_dlc, src, staging / "dlc", opts)
             shutil.move(str(dlc), out)
             shutil.rmtree(staging / "dlc", ignore_errors=True)
             d = self._details(p, qnn=True)
@@ -180,7 +186,8 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            ctx, binary = isolated(_big(src), qnn_ep.compile_context, src, out, opts)
+            with self.gate.hold(self.need("qnn-compile")):
+                ctx, binary = isolated(_big(src), qnn_ep.compile_context, src, out, opts)
             d = self._details(p, qnn=True)
             d["wrapper"] = "EPContext .onnx (ONNX Runtime QNN EP); the *_qnn.bin is the raw QNN context binary"
             return Built([ctx, binary], self._htp_spec(str(ctx), src, opts), d)
@@ -188,12 +195,19 @@ class Lowering:
             from .executorch import export_pte
 
             calib = [self.traced.args(s) for s in self.traced.calibration] if p.quantized else ()
-            details = export_pte(self.traced.module, self.traced.example, out, p, calib,
-                                 self.weight_rounding if p == Precision.W8A16 else "nearest")
+            with self.gate.hold(self.need("pte-lower")):
+                details = export_pte(self.traced.module, self.traced.example, out, p, calib,
+                                     self.weight_rounding if p == Precision.W8A16 else "nearest")
             return Built([out], self._spec("executorch", out), details)
         raise ValueError(f"no exporter for {spec.format}")
 
     # ---- helpers
+    def need(self, kind: str) -> int:
+        """The memory a heavy step of this graph reserves (memory.step_bytes); 0 for a light graph."""
+        from ..memory import step_bytes
+
+        return step_bytes(kind, self.weight_bytes)
+
     def _details(self, p: Precision, qnn: bool = False) -> dict:
         from .onnx import OPSET
 

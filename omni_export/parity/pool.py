@@ -55,38 +55,104 @@ class RunPool:
 
     one_at_a_time: a single worker process, a fresh one per job, for graphs whose sessions take
     GiBs (a 0.6B talker graph on the HTP simulator: 3.6 GiB): two such sessions side by side, and
-    a worker keeping its last session's heap, added them to the quantizer's and the build's peak."""
+    a worker keeping its last session's heap, added them to the quantizer's and the build's peak.
 
-    def __init__(self, jobs: int, one_at_a_time: bool = False):
+    gate: a memory.MemoryGate with a budget: a job submitted with `reserve` bytes is handed to a
+    worker only when that reservation fits beside what the build's other heavy steps hold (a QNN
+    compile child, a quantizer child); jobs keep their submission order."""
+
+    def __init__(self, jobs: int, one_at_a_time: bool = False, gate=None):
+        from ..memory import NO_GATE
+
         self.jobs = max(1, jobs)
+        self.gate = gate or NO_GATE
         self._pool = None
+        self._queue = None
+        self._dispatcher = None
         if self.jobs > 1:
-            self._pool = cf.ProcessPoolExecutor(1 if one_at_a_time else self.jobs,
-                                                mp_context=mp.get_context("spawn"), initializer=_init_worker,
+            workers = 1 if one_at_a_time else self.jobs
+            self._pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                                 max_tasks_per_child=1 if one_at_a_time else None)
+            if self.gate.budget is not None:
+                import queue
+                import threading
 
-    def submit(self, spec: RunnerSpec, inputs: list[dict]) -> cf.Future:
+                self._queue = queue.Queue()
+                self._slots = threading.Semaphore(workers)
+                self._closed = False
+                self._dispatcher = threading.Thread(target=self._dispatch, name="runpool-dispatch", daemon=True)
+                self._dispatcher.start()
+
+    def submit(self, spec: RunnerSpec, inputs: list[dict], reserve: int = 0) -> cf.Future:
         # ExecuTorch's runtime is quick and does not import cleanly beside torchao in a fresh
         # spawned process; it runs here.
         if self._pool is not None and spec.kind != "executorch":
+            if self._queue is not None:
+                proxy: cf.Future = cf.Future()
+                self._queue.put((spec, inputs, reserve, proxy))
+                return proxy
             return self._pool.submit(_job, spec, inputs)
         f: cf.Future = cf.Future()
         try:
-            f.set_result(_job(spec, inputs))
+            with self.gate.hold(reserve):
+                f.set_result(_job(spec, inputs))
         except Exception as e:  # surfaced by .result(), like a worker's exception
             f.set_exception(e)
         return f
 
+    def _dispatch(self) -> None:
+        """Hand queued jobs to the workers in order, each once a worker is free and its memory
+        reservation fits; the reservation is released when the job ends."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            spec, inputs, reserve, proxy = item
+            self._slots.acquire()
+            self.gate.acquire(reserve)
+            try:
+                if self._closed:
+                    raise RuntimeError("runner pool closed before the job started")
+                inner = self._pool.submit(_job, spec, inputs)
+            except Exception as e:
+                self.gate.release(reserve)
+                self._slots.release()
+                proxy.set_exception(e)
+                continue
+
+            def done(fut: cf.Future, reserve=reserve, proxy=proxy) -> None:
+                self.gate.release(reserve)
+                self._slots.release()
+                if fut.cancelled():
+                    proxy.set_exception(RuntimeError("runner job cancelled"))
+                elif fut.exception() is not None:
+                    proxy.set_exception(fut.exception())
+                else:
+                    proxy.set_result(fut.result())
+
+            inner.add_done_callback(done)
+
     def close(self, abort: bool = False) -> None:
         """abort: stop running jobs too (after Ctrl-C or an error, don't wait a minute for the
         simulator to finish a job nobody will read)."""
+        if self._dispatcher is not None:
+            if abort:
+                self._closed = True
+            self._queue.put(None)
+            if abort:
+                self._terminate()
+            self._dispatcher.join()
+            self._dispatcher = None
         if self._pool is not None:
             if abort:
-                procs = getattr(self._pool, "_processes", None) or {}    # private, but no public way
-                for proc in list(procs.values()):
-                    proc.terminate()
+                self._terminate()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+    def _terminate(self) -> None:
+        procs = getattr(self._pool, "_processes", None) or {}    # private, but no public way
+        for proc in list(procs.values()):
+            proc.terminate()
 
     def __enter__(self):
         return self

@@ -52,6 +52,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     # The fp32 modules are done: each holds its own copy of its weights (2.5 GB at 0.6B), which
     # otherwise sat beside every runner's sessions below.
     del eager
+    from ...memory import available_bytes
     from ...pipeline import release_memory
 
     release_memory()
@@ -66,7 +67,9 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
             with progress.stage(f"end-to-end: held-out prompts through {prec} graphs on {runner}"):
-                built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
+                avail = available_bytes()
+                built = BuildGraphs(out_dir, runner, prec, manifest=manifest,
+                                    max_open_bytes=int(avail * 0.8) if avail else None)
                 try:
                     free = _free_running(model, built)
                     forced = [_teacher_forced(model, built, req, codes)[0]

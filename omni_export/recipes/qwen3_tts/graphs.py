@@ -48,10 +48,17 @@ class BuildGraphs:
     A graph that must stay fp32 (its manifest entry has `fp32_on_cpu`) runs its fp32 build on the CPU
     whatever the row's precision (ONNX Runtime; ExecuTorch for the pte runner), as deployed beside an
     NPU; `fp32_on_cpu=False` runs it at the row's precision on the runner like every other graph.
-    `placed` names the graphs run that way."""
+    `placed` names the graphs run that way.
+
+    Sessions open on first use and stay open, unless `max_open_bytes` is given: then opening one
+    whose estimate (SESSION_FACTOR x its files' bytes) would not fit beside the open ones first
+    closes the least recently used (at 1.7B the talker's prefill and decode sessions at fp16 would
+    not both fit beside the build on 24 GiB; the prefill runs once per prompt)."""
+
+    SESSION_FACTOR = 3      # an fp16 ONNX on ORT CPU folds its weights to fp32 (2x) beside the fp16 copy
 
     def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False,
-                 manifest: dict | None = None, fp32_on_cpu: bool = True):
+                 manifest: dict | None = None, fp32_on_cpu: bool = True, max_open_bytes: int | None = None):
         from ...parity.runners import RunnerSpec
 
         if runner not in RUNNER_FORMATS:
@@ -61,6 +68,9 @@ class BuildGraphs:
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
                                                      key=PRECISION_ORDER.index)
         self.specs, self.precision, self.placed = {}, {}, {}
+        self._bytes: dict[str, int] = {}
+        self.max_open_bytes = max_open_bytes
+        self.reopened = 0
         for comp, info in m["components"].items():
             for prec in precs:
                 found = placed_build(m, comp, runner, prec, fp32_on_cpu, allow_rejected)
@@ -71,10 +81,12 @@ class BuildGraphs:
                                                   tuple(s["name"] for s in info["outputs"]),
                                                   _runner_options(m, kind)(used))
                     self.precision[comp] = used
+                    self._bytes[comp] = sum(int(f.get("bytes", 0)) for f in b["files"])
                     if used != prec or kind != RUNNER_FORMATS[runner][1]:
                         self.placed[comp] = f"fp32 {b['format']} on {kind} ({info['fp32_on_cpu']})"
                     break
         self._runners = {}
+        self._opened: set[str] = set()
 
     @staticmethod
     def _read(out: Path) -> dict:
@@ -93,8 +105,28 @@ class BuildGraphs:
             raise UsageError(f"the build has no usable '{name}' graph for this runner; build it or choose "
                              f"another --runner")
         if name not in self._runners:
+            self._make_room(name)
             self._runners[name] = open_runner(self.specs[name])
-        return self._runners[name].run(inputs)
+            if name in self._opened:
+                self.reopened += 1
+            self._opened.add(name)
+        runner = self._runners.pop(name)         # most recently used last
+        self._runners[name] = runner
+        return runner.run(inputs)
+
+    def _make_room(self, name: str) -> None:
+        if self.max_open_bytes is None:
+            return
+        need = lambda c: self.SESSION_FACTOR * self._bytes.get(c, 0)  # noqa: E731
+        closed = False
+        while self._runners and sum(map(need, self._runners)) + need(name) > self.max_open_bytes:
+            oldest = next(iter(self._runners))
+            self._runners.pop(oldest).close()
+            closed = True
+        if closed:
+            from ...memory import trim_heap
+
+            trim_heap()
 
     def close(self) -> None:
         for r in self._runners.values():
