@@ -14,6 +14,7 @@ from pathlib import Path
 # The budgets (random weights at real shapes, this 2-core / 24 GiB machine); GB = 1e9 bytes.
 BUDGETS = {"1.7b": {"peak_rss_anon_bytes": 12e9, "wall_s": 20 * 60},
            "0.6b": {"peak_rss_anon_bytes": 6e9, "wall_s": 8 * 60}}
+REBUILD_BUDGET_S = 5
 NOT_RECORDED = ("load checkpoint (incl. writing the random-weight checkpoint)", "end-to-end parity",
                 "writing parity.json / report.md / report.html")
 

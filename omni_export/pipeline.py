@@ -412,8 +412,13 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
         # simulator runs overlap each other and the remaining lowering.
         shared: dict = {}
-        pending = [_lower_build(spec, _gate(opts, component, spec.precision), lowering, traced, store,
-                                pool, shared, progress, slow) for spec in builds]
+        # A context binary is lowered before its DLC sibling: the simulator then runs the compiled
+        # binary (no second compile in the worker, nor the fp32 source's weights), and the DLC -- the
+        # same QNN graph from the same ONNX and options -- shares its outputs.
+        order = sorted(range(len(builds)), key=lambda i: _lowering_rank(builds, i))
+        lowered = {i: _lower_build(builds[i], _gate(opts, component, builds[i].precision), lowering, traced,
+                                   store, pool, shared, progress, slow) for i in order}
+        pending = [lowered[i] for i in range(len(builds))]
         early = _attribution_precisions(builds) if opts.attribution == "all" else []
         attribution_jobs = _lower_attribution(opts, traced, early, store, pool, progress)
         comp_entries = [_finish_build(p, traced, component, store, progress) for p in pending]
@@ -455,6 +460,16 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         "samples": keep_audio(store.put_bytes, f"{comp_name}-fp32", traced.reference, component.audio_outputs),
         "timings": timings,
     }
+
+
+def _lowering_rank(builds: list[BuildSpec], i: int) -> tuple:
+    """Plan order, except that a DLC waits for the context binary of its precision when one is planned."""
+    b = builds[i]
+    if b.format == Format.DLC:
+        ctx = next((j for j, o in enumerate(builds) if o.format == Format.CTX and o.precision == b.precision), None)
+        if ctx is not None:
+            return (ctx, 1)
+    return (i, 0)
 
 
 def _weight_bytes(module) -> int:
@@ -532,13 +547,14 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
     key = runner.result_key
     p.samples = slow if _is_slow(spec, runner) else None
     if key and key in shared:
-        p.future = shared[key]           # the same QNN graph already runs for a sibling build
+        p.future, first = shared[key]    # the same QNN graph already runs for a sibling build
         p.entry["shared_run"] = True
+        p.entry["outputs_from"] = first.format.value
     else:
         inputs = traced.heldout if p.samples is None else [traced.heldout[i] for i in p.samples]
         p.future = pool.submit(runner, inputs, reserve=lowering.need(runner.kind))
         if key:
-            shared[key] = p.future
+            shared[key] = (p.future, spec)
     p.t_submit = time.time()
     return p
 
@@ -557,8 +573,10 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         with progress.stage(f"{p.spec.component}: score {p.spec.format.value} {p.spec.precision.value} "
                             f"on {runner.short}"):
             outputs = p.future.result()
-            if entry.pop("shared_run", False):
-                open_runner(runner).close()   # still prove this artifact loads on its runtime
+            if entry.pop("shared_run", False) and p.spec.format != Format.DLC:
+                # still prove this artifact loads on its runtime (a DLC's runner compiles its source
+                # ONNX, which the context binary's compile already did)
+                open_runner(runner).close()
     except Exception as e:
         store.commit(p.built.files, accepted=False)
         return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())

@@ -106,6 +106,11 @@ def test_build_benchmark_records_manifest_timings_and_sizes(tmp_path):
     stages = {s["stage"]: s for s in d["process"]["memory"]["stages"]}
     lower = stages["code2wav: lower onnx fp16"]
     assert lower["wall_s"] > 0 and (lower["cores_busy"] is None or 0 <= lower["cores_busy"] <= d["process"]["cores"] + 0.5)
+    # the second, identical run into the same --out: every build served by the cache
+    r = d["rebuild"]
+    assert r["exit_code"] == 0 and r["builds"] == 1 and r["from_cache"] == 1 and r["wall_s"] > 0
+    assert r["budget_wall_s"] == 5 and r["wall_within"] == (r["wall_s"] <= 5)
+    assert not any(s["stage"].startswith("code2wav: lower") for s in r["stages"])
 
 
 def test_a_failing_build_is_recorded_with_its_exit_status_and_stderr(tmp_path):

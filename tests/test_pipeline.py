@@ -33,6 +33,11 @@ def test_demo_run_builds_every_format_at_fp16_and_w8a16(demo_run):
         assert fp16["parity"]["runner"]["kind"] == "qnn-htp"
         assert fp16["parity"]["runner"]["options"]["soc_model"] == "69"
         assert fp16["parity"]["outputs"][0]["snr_db"] >= 40
+    # the context binary is lowered first and runs on the simulator; its DLC sibling (the same QNN
+    # graph) shares those outputs instead of compiling the source again
+    dlc, ctx = b[("code2wav", "dlc", "fp16")], b[("code2wav", "ctx", "fp16")]
+    assert dlc["outputs_from"] == "ctx" and "outputs_from" not in ctx
+    assert dlc["parity"]["outputs"] == ctx["parity"]["outputs"]
 
 
 def test_manifest_validates_against_its_schema(demo_run):
@@ -100,6 +105,19 @@ def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
         onnx_low = any(b["format"] == "onnx" and b["status"] == "rejected" and not b.get("error") for b in mine)
         want = "ONNX Runtime CPU" if onnx_low and not any(b.get("error") for b in mine) else "HTP simulator"
         assert all(want in r["runner"] for r in rows), (prec, [(b["format"], b["status"]) for b in mine])
+
+
+def test_a_dlc_is_lowered_after_the_context_binary_of_its_precision():
+    from omni_export.core import BuildSpec, Format, Precision
+    from omni_export.pipeline import _lowering_rank
+
+    builds = [BuildSpec("r", "c", f, p, "t") for p in (Precision.FP16, Precision.W8A16)
+              for f in (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)]
+    order = sorted(range(len(builds)), key=lambda i: _lowering_rank(builds, i))
+    assert [(builds[i].format.value, builds[i].precision.value) for i in order] == [
+        (f, p) for p in ("fp16", "w8a16") for f in ("onnx", "ctx", "dlc", "pte")]
+    alone = [BuildSpec("r", "c", Format.DLC, Precision.FP16, "t"), BuildSpec("r", "c", Format.ONNX, Precision.FP16, "t")]
+    assert sorted(range(2), key=lambda i: _lowering_rank(alone, i)) == [0, 1]     # no context binary: plan order
 
 
 def test_attribution_runs_on_cpu_only_when_the_onnx_build_scored_low_there_and_nothing_failed():

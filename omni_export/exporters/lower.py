@@ -180,7 +180,8 @@ class Lowering:
             shutil.move(str(dlc), out)
             shutil.rmtree(staging / "dlc", ignore_errors=True)
             d = self._details(p, qnn=True)
-            d["scored_as"] = "the QNN graph this DLC serialises, run on the HTP simulator"
+            d["scored_as"] = ("the QNN graph this DLC serialises, run on the HTP simulator (the outputs of the "
+                              "context binary compiled from the same ONNX and options, when one is built)")
             return Built([out], self._htp_spec(str(src), src, opts), d)
         if spec.format == Format.CTX:
             from .. import qnn_ep
