@@ -462,6 +462,14 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
     }
 
 
+def _step_kind(runner) -> str:
+    """The memory.STEP_FACTORS entry of a scoring run: the simulator loading a compiled context binary
+    needs less than one compiling its source ONNX."""
+    if runner.kind == "qnn-htp" and runner.model.endswith(".ctx.onnx"):
+        return "qnn-htp-ctx"
+    return runner.kind
+
+
 def _lowering_rank(builds: list[BuildSpec], i: int) -> tuple:
     """Plan order, except that a DLC waits for the context binary of its precision when one is planned."""
     b = builds[i]
@@ -552,7 +560,7 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         p.entry["outputs_from"] = first.format.value
     else:
         inputs = traced.heldout if p.samples is None else [traced.heldout[i] for i in p.samples]
-        p.future = pool.submit(runner, inputs, reserve=lowering.need(runner.kind))
+        p.future = pool.submit(runner, inputs, reserve=lowering.need(_step_kind(runner)))
         if key:
             shared[key] = (p.future, spec)
     p.t_submit = time.time()

@@ -120,6 +120,18 @@ def test_a_dlc_is_lowered_after_the_context_binary_of_its_precision():
     assert sorted(range(2), key=lambda i: _lowering_rank(alone, i)) == [0, 1]     # no context binary: plan order
 
 
+def test_a_simulator_run_of_a_context_binary_reserves_less_than_one_compiling_its_source():
+    from omni_export.memory import step_bytes
+    from omni_export.parity.runners import RunnerSpec
+    from omni_export.pipeline import _step_kind
+
+    ctx = RunnerSpec("qnn-htp", "/b/m-fp16.ctx.onnx", ("x",), ("y",))
+    src = RunnerSpec("qnn-htp", "/w/fp32.onnx", ("x",), ("y",))
+    assert (_step_kind(ctx), _step_kind(src)) == ("qnn-htp-ctx", "qnn-htp")
+    assert step_bytes(_step_kind(ctx), 10**9) < step_bytes(_step_kind(src), 10**9)
+    assert _step_kind(RunnerSpec("ort-cpu", "/b/m.onnx", ("x",), ("y",))) == "ort-cpu"
+
+
 def test_attribution_runs_on_cpu_only_when_the_onnx_build_scored_low_there_and_nothing_failed():
     from omni_export.core import Precision
     from omni_export.pipeline import _scored_low_on_cpu
