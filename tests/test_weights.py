@@ -115,3 +115,42 @@ def test_lazy_load_still_refuses_nan_weights_at_load(tmp_path):
     t["a.bias"][2] = np.inf
     with pytest.raises(UsageError, match="'a.bias' holds 1 NaN/Inf"):
         load_tensors(write(tmp_path, t), TABLE, lazy=True)
+
+
+def test_lazy_weights_are_file_pages_not_anonymous_memory(tmp_path, monkeypatch):
+    """Big tensors come back as fp32 over file pages: a BF16 checkpoint's converted once into the
+    spill file, an F32 checkpoint's mapped in place. Touching them adds page cache, not RssAnon;
+    values are the exact fp32 conversion; writing into one leaves the files unchanged."""
+    import torch
+    from safetensors.torch import save_file
+
+    from omni_export import weights as W
+    from omni_export.memory import own_rss_anon
+
+    monkeypatch.setenv("OMNI_EXPORT_WEIGHT_SPILL", str(tmp_path / "spill"))
+    monkeypatch.setattr(W, "SPILL", W.Fp32Spill())
+    g = torch.Generator().manual_seed(0)
+    bf = torch.randn(2048, 4096, generator=g).to(torch.bfloat16)           # 32 MB as fp32
+    f32 = torch.randn(4096, 1024, generator=g)                              # 16 MB
+    save_file({"a": bf, "b": f32, "norm": torch.ones(64, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors"))
+    before = (tmp_path / "m.safetensors").read_bytes()
+    lazy = W.LazyTensors(tmp_path / "m.safetensors", ["a", "b", "norm"])
+    r0 = own_rss_anon()
+    a, b, norm = lazy["a"], lazy["b"], lazy["norm"]
+    assert float(a.sum()) == float(bf.float().sum()) and float(b.sum()) == float(f32.sum())
+    if r0:
+        assert own_rss_anon() - r0 < 8 << 20          # 48 MB read, under 8 MB anonymous
+    assert torch.equal(a, bf.float()) and torch.equal(b, f32) and norm.dtype == torch.float32
+    assert W.SPILL.bytes() == 2048 * 4096 * 4         # only the BF16 tensor was converted and spilled
+    a.mul_(2)                                         # copy-on-write: the module's own pages
+    assert torch.equal(lazy["a"], a)                  # the live tensor is handed out again
+    del a
+    assert torch.equal(lazy["a"], bf.float())         # read again: the unchanged spilled bytes
+    assert W.SPILL.bytes() == 2048 * 4096 * 4         # ... not converted a second time
+    assert (tmp_path / "m.safetensors").read_bytes() == before
+    monkeypatch.setenv("OMNI_EXPORT_WEIGHT_SPILL", "off")
+    r1 = own_rss_anon()
+    again = W.LazyTensors(tmp_path / "m.safetensors", ["a"])["a"]
+    assert torch.equal(again, bf.float())
+    if r1:
+        assert own_rss_anon() - r1 >= 24 << 20        # off: converted into anonymous memory as before
