@@ -106,14 +106,16 @@ class MemoryGate:
 NO_GATE = MemoryGate(None)
 
 
-# Peak RssAnon of one heavy step per byte of its graph's fp32 weights. Measured in the 0.6B full
-# build (3253e34, talker graphs ~1.8 GB of fp32 weights): QNN compile child 3.60 GiB, HTP simulator
-# worker 3.57 GiB, quantizer child 3.08 GiB (alone, 16 calibration calls). ORT CPU sessions of an
-# fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's arena; an in-process
-# .pte lowering holds the fp16 / int8 copy, the lowered payload and the serialized buffer (~1.5x).
-# The simulator loading a compiled context binary (no compile: the fp16 / int8 binary and the
-# prepared graph) is an estimate until measured on its own (qnn-htp-ctx).
-STEP_FACTORS = {"qnn-compile": 2.2, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 1.2, "ort-cpu": 1.5,
+# Peak RssAnon of one heavy step per byte of its graph's fp32 weights, measured on the Qwen3-TTS
+# talker graphs (0.6B: ~1.8 GB of fp32 weights; 1.7B: ~5.6 GB), each process sampled every 0.5 s:
+#   QNN compile child (context binary, fp16): 4.17 GiB at 0.6B (2.5x), 11.39 GiB at 1.7B (2.2x)
+#   HTP simulator worker compiling the source ONNX: 3.57 GiB at 0.6B (2.1x)
+#   HTP simulator worker loading the compiled context binary: 1.24 GiB at 0.6B (0.74x)
+#   quantizer child: 3.08 GiB at 0.6B (1.8x, alone, 16 calibration calls)
+# ORT CPU sessions of an fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's
+# arena; an in-process .pte lowering holds the fp16 / int8 copy, the lowered payload and the
+# serialized buffer (~1.5x): those two are estimates.
+STEP_FACTORS = {"qnn-compile": 2.5, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
                 "pte-lower": 1.5, "executorch": 1.0}
 
 
