@@ -311,22 +311,24 @@ def _data_start(path: Path) -> int:
         return 8 + struct.unpack("<Q", f.read(8))[0]
 
 
-def _map(path, offset: int, shape):
+def _map(source, offset: int, shape):
+    """fp32 tensor over a private (copy-on-write) mapping of `source` (a path or an open file)."""
     import torch
 
-    arr = np.memmap(path, dtype=np.float32, mode="c", offset=offset, shape=tuple(shape))
+    arr = np.memmap(source, dtype=np.float32, mode="c", offset=offset, shape=tuple(shape))
     return torch.from_numpy(arr)
 
 
 class Fp32Spill:
-    """fp32 copies of checkpoint tensors, appended once to a scratch file (a fresh temporary
-    directory, or $OMNI_EXPORT_WEIGHT_SPILL) and mapped copy-on-write on every request. Removed at
-    exit. A tensor read again after its holders let go maps the same bytes: converted once."""
+    """fp32 copies of checkpoint tensors, appended once to a scratch file and mapped copy-on-write on
+    every request. The file is unlinked as soon as it is created (in a fresh temporary directory, or
+    under $OMNI_EXPORT_WEIGHT_SPILL) and lives only as this process's open file: nothing is left
+    behind, even by a build the kernel kills. A tensor read again after its holders let go maps the
+    same bytes: converted once."""
 
     def __init__(self):
-        self._dir = None
-        self._file = None
-        self._index: dict = {}      # (checkpoint, mtime, name) -> offset
+        self._fh = None
+        self._index: dict = {}      # (checkpoint, mtime, size, name) -> offset
 
     def get(self, path: Path, full: str, shape):
         import torch
@@ -339,37 +341,36 @@ class Fp32Spill:
                 t = f.get_tensor(full).to(torch.float32).contiguous()
             self._index[key] = self._append(t.numpy())
             del t
-        return _map(self._path(), self._index[key], shape)
+        return _map(self._file(), self._index[key], shape)
 
-    def _path(self) -> Path:
-        import atexit
+    def _file(self):
         import os
-        import shutil
         import tempfile
 
-        if self._file is None:
+        if self._fh is None:
             where = os.environ.get("OMNI_EXPORT_WEIGHT_SPILL") or None
             if where:
                 Path(where).mkdir(parents=True, exist_ok=True)
-            self._dir = Path(tempfile.mkdtemp(prefix="omni-export-fp32-", dir=where))
-            self._file = self._dir / "weights.f32"
-            self._file.touch()
-            atexit.register(shutil.rmtree, self._dir, True)
-        return self._file
+            fd, name = tempfile.mkstemp(prefix="omni-export-fp32-", suffix=".f32", dir=where)
+            self._fh = os.fdopen(fd, "r+b")
+            os.unlink(name)
+        return self._fh
 
     def _append(self, arr: np.ndarray) -> int:
-        path = self._path()
-        with open(path, "ab") as f:
-            offset = f.tell()
-            pad = -offset % 64
-            if pad:
-                f.write(b"\0" * pad)
-                offset += pad
-            f.write(memoryview(arr).cast("B"))
+        f = self._file()
+        offset = f.seek(0, 2)
+        pad = -offset % 64
+        if pad:
+            f.write(b"\0" * pad)
+            offset += pad
+        f.write(memoryview(arr).cast("B"))
+        f.flush()
         return offset
 
     def bytes(self) -> int:
-        return self._file.stat().st_size if self._file is not None and self._file.exists() else 0
+        import os
+
+        return os.fstat(self._fh.fileno()).st_size if self._fh is not None else 0
 
 
 SPILL = Fp32Spill()

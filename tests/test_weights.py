@@ -148,6 +148,7 @@ def test_lazy_weights_are_file_pages_not_anonymous_memory(tmp_path, monkeypatch)
     assert torch.equal(lazy["a"], bf.float())         # read again: the unchanged spilled bytes
     assert W.SPILL.bytes() == 2048 * 4096 * 4         # ... not converted a second time
     assert (tmp_path / "m.safetensors").read_bytes() == before
+    assert not any((tmp_path / "spill").iterdir())    # the spill file is unlinked: a killed build leaves nothing
     monkeypatch.setenv("OMNI_EXPORT_WEIGHT_SPILL", "off")
     r1 = own_rss_anon()
     again = W.LazyTensors(tmp_path / "m.safetensors", ["a"])["a"]
