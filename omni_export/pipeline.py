@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -436,6 +437,9 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
                           f"(budget {gate.budget / 2**30:.1f} GiB)")
     _link_attribution(comp_entries, attribution)
     kept = inputs.keep_for_hub(store, opts.recipe.name, opts.target, lowering, comp_entries)
+    # The component's intermediate graphs (fp32 / fp16 / QDQ ONNX, attribution blocks) are done with:
+    # at 1.7B a talker graph's come to ~12 GB, and keeping them to the end of the run filled the disk.
+    shutil.rmtree(lowering.work, ignore_errors=True)
     entries.extend(comp_entries)
     timings["total_s"] = round(time.time() - t0, 3)
     return {
