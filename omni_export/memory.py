@@ -17,28 +17,26 @@ def trim_heap() -> None:
         pass
 
 
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (what the kernel can hand out without swapping); None off Linux."""
+def _proc_kib(path: str, key: str) -> int | None:
+    """A `Key:   N kB` field of a /proc file, in bytes; None when absent (not Linux)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
 
 
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what the kernel can hand out without swapping); None off Linux."""
+    return _proc_kib("/proc/meminfo", "MemAvailable")
+
+
 def own_rss_anon() -> int:
     """This process's RssAnon (bytes); 0 when /proc is not there."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_kib("/proc/self/status", "RssAnon") or 0
 
 
 class MemoryGate:
