@@ -406,3 +406,34 @@ def test_a_failure_whose_cause_we_measured_says_what_to_do():
     assert reason.endswith("(the HTP could not fit a tensor of this graph; a shorter time axis (a smaller "
                            "streaming chunk) may compile)")
     assert _short(ValueError("other")) == "ValueError: other"
+
+
+def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_checkpoint, tmp_path):
+    """At 1.7B each talker graph's fp32 / fp16 / QDQ ONNX came to ~12 GB and stayed in .staging to
+    the end of the run; they now go when their component is done, before the next one starts."""
+    import contextlib
+
+    from omni_export.core import Format, Precision
+    from omni_export.pipeline import Progress, RunOptions, run
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    out = tmp_path / "out"
+    seen = {}
+
+    class Watch(Progress):
+        @contextlib.contextmanager
+        def stage(self, text):
+            if text.startswith("code2wav: trace"):
+                work = out / ".staging" / "work"
+                seen["at_code2wav"] = sorted(p.name for p in work.iterdir()) if work.exists() else []
+            if text.startswith("code2wav: score"):
+                seen.setdefault("code2wav_work", (out / ".staging" / "work" / "code2wav" / "fp32.onnx").exists())
+            yield
+
+    result = run(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), out, checkpoint=tiny_checkpoint,
+                            components=("text_projection", "code2wav"), formats=(Format.ONNX,),
+                            precisions=(Precision.FP16,), recipe_options={"left-context": 2, "chunk-frames": 2},
+                            attribution="off", rewrites=(), jobs=1, e2e=()), Watch())
+    assert result.exit_code == 0
+    assert seen == {"at_code2wav": [], "code2wav_work": True}     # text_projection's gone; code2wav's in use
