@@ -95,3 +95,21 @@ def test_a_second_load_reads_the_capture_and_gets_the_same_inputs(cache, tmp_pat
     cfg = path / "config.json"
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "comment": "edited"}))
     assert _model(path).capture_key() != key
+
+
+def test_end_to_end_with_no_runnable_row_skips_the_fp32_reference(cache, tmp_path, monkeypatch):
+    """A partial build (--components) has no accepted talker for any runner: every end-to-end row is
+    skipped with its reason, and the fp32 reference pipeline (minutes and GBs at real size) is not run."""
+    from omni_export.pipeline import Progress
+    from omni_export.recipes.qwen3_tts import e2e
+
+    model = _model(ck.write_checkpoint(tmp_path / "ckpt", seed=0), **{"e2e-frames": 4})
+    generated = []
+    real = type(model).synthesize
+    monkeypatch.setattr(type(model), "synthesize", lambda self, *a, **k: (generated.append(1), real(self, *a, **k))[1])
+    manifest = {"builds": [{"component": "code2wav", "format": "onnx", "precision": "fp16", "status": "accepted"}]}
+    rows = e2e.run(model, tmp_path / "out", manifest, {"ort": ["fp16", "w8a16"]}, Progress())
+    assert [(r["runner"], r["precision"], r["verdict"]) for r in rows] == [("ort", "fp16", "skipped"),
+                                                                          ("ort", "w8a16", "skipped")]
+    assert all(r["reason"].startswith("no accepted text_projection, talker_prefill") for r in rows), rows
+    assert generated == [] and rows[0]["prompts"] == len(model.requests("heldout"))

@@ -244,3 +244,35 @@ def test_keep_audio_writes_the_last_heldout_output_losslessly(tmp_path):
     assert rate == 24000 and np.array_equal(data[0], outs[1]["wav"][0, 0])
     assert keep_audio(tmp_path, "x", outs, {}) == []
     assert as_channels(np.zeros((1, 2, 10))).shape == (2, 10)
+
+
+# -------------------------------------------------------------------------------------------- figure cache
+
+def test_an_unchanged_report_is_drawn_from_the_figure_cache(tmp_path, monkeypatch):
+    """The second report of the same manifest draws nothing (matplotlib's savefig never called) and
+    is byte-identical apart from its timestamp; a changed score or clip draws that figure again."""
+    import matplotlib.figure
+
+    from omni_export.reports import figures
+
+    monkeypatch.setenv("OMNI_EXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_run(tmp_path / "out", demo_like(), audio=True)
+    m = json.loads((root / "manifest.json").read_text())
+    drawn = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (drawn.append(1), real(self, *a, **k)))
+
+    def html():
+        drawn.clear()
+        write_reports(root, m)
+        return re.sub(r"Generated [^<]*", "", (root / "report.html").read_text()), len(drawn)
+
+    first, n_first = html()
+    assert n_first >= 2 + 1 + 6 and len(list((tmp_path / "cache" / "figures").glob("*.uri"))) == n_first
+    again, n_again = html()
+    assert n_again == 0 and again == first
+    m["builds"][0]["parity"]["outputs"][0]["snr_db"] = 12.0             # one score changed: the SNR chart only
+    changed, n_changed = html()
+    assert n_changed == 1 and changed != first
+    monkeypatch.setenv("OMNI_EXPORT_FIGURE_CACHE", "off")
+    assert figures._memo_dir() is None and html()[1] == n_first

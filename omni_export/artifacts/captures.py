@@ -38,10 +38,15 @@ def directory() -> Path | None:
     """Where captures are kept, or None when the cache is turned off."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "no", "false"):
         return None
+    return cache_root() / "captures"
+
+
+def cache_root() -> Path:
+    """omni-export's per-user cache: $OMNI_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/omni-export (~/.cache)."""
     root = os.environ.get(ENV_DIR)
     if not root:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omni-export"
-    return Path(root) / "captures"
+    return Path(root)
 
 
 def checkpoint_files(checkpoint: Path, weights: list[dict]) -> list:
