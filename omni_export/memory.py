@@ -107,13 +107,15 @@ NO_GATE = MemoryGate(None)
 # Peak RssAnon of one heavy step per byte of its graph's fp32 weights, measured on the Qwen3-TTS
 # talker graphs (0.6B: ~1.8 GB of fp32 weights; 1.7B: ~5.6 GB), each process sampled every 0.5 s:
 #   QNN compile child (context binary, fp16): 4.17 GiB at 0.6B (2.5x), 11.39 GiB at 1.7B (2.2x)
+#     from the fp32 ONNX; 3.68 GiB at 0.6B (2.2x) from the fp16 ONNX, as now
+#   QNN DLC child (fp16, from the fp16 ONNX): 1.79 GiB at 0.6B (1.1x; 3.56 GiB from the fp32 ONNX)
 #   HTP simulator worker compiling the source ONNX: 3.57 GiB at 0.6B (2.1x)
 #   HTP simulator worker loading the compiled context binary: 1.24 GiB at 0.6B (0.74x)
 #   quantizer child: 3.08 GiB at 0.6B (1.8x, alone, 16 calibration calls)
 # ORT CPU sessions of an fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's
 # arena; an in-process .pte lowering holds the fp16 / int8 copy, the lowered payload and the
 # serialized buffer (~1.5x): those two are estimates.
-STEP_FACTORS = {"qnn-compile": 2.5, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
+STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
                 "pte-lower": 1.5, "executorch": 1.0}
 
 

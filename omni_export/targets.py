@@ -88,7 +88,7 @@ TARGETS: dict[str, Target] = {
 # Which (format, precision) pairs a format can build at all, whatever the target.
 FORMAT_PRECISIONS: dict[Format, tuple[Precision, ...]] = {
     Format.ONNX: (Precision.FP32, Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
-    # HTP has no fp32 datapath; fp16 comes from the fp32 ONNX with HTP fp16 precision.
+    # HTP has no fp32 datapath; fp16 is the fp16 ONNX compiled with HTP fp16 precision.
     Format.DLC: (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
     Format.CTX: (Precision.FP16, Precision.W8A16, Precision.W8A8, Precision.W4A16),
     # XNNPACK: fp32, fp16, PT2E static int8 (w8a8), and int8 weight-only with fp16
