@@ -279,7 +279,9 @@ def _lower(program, path: Path) -> Path:
     et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        f.write(et.buffer)
+        # streamed from the serialized pieces: `et.buffer` joins them into one more contiguous copy of
+        # the whole program (and keeps it), a copy of every weight at the lowering's peak
+        et.write_to_file(f)
     return path
 
 
