@@ -137,7 +137,7 @@ class Lowering:
 
         Not the fp32 ONNX: the HTP computes in fp16 either way (same outputs to 0.01 dB on the 0.6B
         talker decode step), but from fp32 weights the compile holds them and the DLC stores them at
-        fp32. Measured on that graph (one process each, idle): DLC 1.78 -> 0.89 GB, its compile
+        fp32. Measured on that graph (single runs, one process each): DLC 1.78 -> 0.89 GB, its compile
         13.9 -> 6.7 s and 3.56 -> 1.79 GiB RssAnon; context binary compile 19.5 -> 14.5 s and
         4.41 -> 3.68 GiB."""
         from . import onnx as ox
