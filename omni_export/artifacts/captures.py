@@ -36,9 +36,12 @@ KEEP = 8
 
 def directory() -> Path | None:
     """Where captures are kept, or None when the cache is turned off."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "no", "false"):
-        return None
-    return cache_root() / "captures"
+    return None if switched_off(ENV_SWITCH) else cache_root() / "captures"
+
+
+def switched_off(env: str) -> bool:
+    """Whether an on/off environment switch is set to off (0, off, no, false)."""
+    return os.environ.get(env, "").strip().lower() in ("0", "off", "no", "false")
 
 
 def cache_root() -> Path:

@@ -33,11 +33,9 @@ KEEP = 512            # figures kept in the cache (the least recently written go
 
 
 def _memo_dir() -> Path | None:
-    if os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "no", "false"):
-        return None
-    from ..artifacts.captures import cache_root
+    from ..artifacts.captures import cache_root, switched_off
 
-    return cache_root() / "figures"
+    return None if switched_off(ENV_SWITCH) else cache_root() / "figures"
 
 
 @functools.lru_cache(maxsize=1)
