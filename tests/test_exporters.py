@@ -169,6 +169,21 @@ def test_dlc_and_context_binary_on_the_htp_simulator(traced, lowering, tmp_path,
     assert score(traced, dlc.runner) >= floor
 
 
+def test_fp16_htp_builds_compile_the_fp16_onnx_and_keep_fp16_weights(traced, lowering, tmp_path):
+    """The QNN EP compiles the fp16 ONNX at fp16 (not the fp32 one): the DLC then stores fp16
+    weights, half the bytes of compiling the fp32 ONNX with the same options."""
+    import onnx
+
+    src, opts = lowering.qnn_source(Precision.FP16)
+    weights = [i for i in onnx.load(str(src)).graph.initializer if len(i.dims) == 2]
+    assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)
+    ours = lowering.build(BuildSpec("r", "tiny", Format.DLC, Precision.FP16, "s25-htp"), tmp_path).files[0]
+    from_fp32 = qnn_ep.compile_dlc(lowering.onnx(Precision.FP32), tmp_path / "fp32", opts)
+    weight_bytes = sum(np.prod(i.dims) for i in weights) * 2
+    assert from_fp32.stat().st_size - ours.stat().st_size > 0.8 * weight_bytes, (ours.stat().st_size,
+                                                                               from_fp32.stat().st_size)
+
+
 def test_context_binary_run_equals_the_compiling_session(traced, lowering, tmp_path):
     """Why a DLC and a context binary from one source ONNX may share one simulator run."""
     ctx = lowering.build(BuildSpec("r", "tiny", Format.CTX, Precision.FP16, "s25-htp"), tmp_path)
