@@ -113,6 +113,8 @@ class TreeSampler:
     _t0: float = 0.0
     _pss_at: float = float("-inf")
     _ticks: dict = field(default_factory=dict)      # pid -> ticks at its last sample
+    per_process: list = field(default_factory=list)  # per timeline point: ((pid, RssAnon), ...) of the tree
+    commands: dict = field(default_factory=dict)     # pid -> its command line, read when first seen
     t0_wall: float = 0.0                            # time.time() at the first sample (stage logs use it)
 
     def start(self) -> "TreeSampler":
@@ -149,6 +151,10 @@ class TreeSampler:
         self.samples += 1
         self.max_processes = max(self.max_processes, len(per))
         self.timeline.append([round(now, 2), total, pss, round(self.cpu_s, 2)])
+        self.per_process.append(tuple((pid, r) for pid, r, _ in per))
+        for pid, _, _ in per:
+            if pid not in self.commands:
+                self.commands[pid] = _cmd(pid)
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_at_s = total, now
             self.peak_processes = [{"pid": pid, "ppid": _ppid(pid), "rss_anon_bytes": r, "pss_anon_bytes": p,
@@ -247,19 +253,51 @@ def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval
     memory = sampler.to_json(wall)
     stages = logdir / "stages.jsonl"
     if stages.exists():
-        memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall)
+        memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall, sampler.per_process,
+                                       lambda pid: role(pid, proc.pid, sampler.commands.get(pid, "?")))
     return Monitored(command, code, sig, wall, memory, out_path.read_text(errors="replace"),
                      err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None,
                      usage.ru_utime + usage.ru_stime if usage else None)
 
 
-def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
+PROCESS_MIN_BYTES = 64 << 20       # processes below this are left out of a stage's peak breakdown
+
+
+def role(pid: int, root: int, cmd: str) -> str:
+    """What a process of the measured tree is, for the per-stage breakdown."""
+    if pid == root:
+        return "build process"
+    if "multiprocessing.spawn" in cmd or "spawn_main" in cmd:
+        return "spawned child (compile, quantizer or scoring worker)"
+    if "resource_tracker" in cmd:
+        return "multiprocessing resource tracker"
+    return cmd[:120]
+
+
+def stage_peaks(log: Path, timeline: list, t0_wall: float, per_process: list | None = None,
+                role_of=None) -> list[dict]:
     """Per stage of the measured run (its OMNI_EXPORT_STAGE_LOG): wall seconds, the peak summed
-    RssAnon sampled while it ran and the cores its tree kept busy (sampled CPU seconds / wall) --
-    attribution by stage, not by subtracting totals. A stage shorter than the sampling interval may
-    have no sample (peak and cores None). Stages nest and runner jobs overlap later stages, so the
-    cores are those of the whole tree while the stage was open."""
+    RssAnon sampled while it ran, which processes held it at that sample (`per_process`, aligned
+    with the timeline; those past PROCESS_MIN_BYTES) and the cores its tree kept busy (sampled CPU
+    seconds / wall) -- attribution by stage and process, not by subtracting totals. A stage
+    shorter than the sampling interval may have no sample (peak and cores None). Stages nest and
+    runner jobs overlap later stages, so the cores are those of the whole tree while the stage was
+    open."""
     import json
+
+    def row(stage: str, a: float, b: float, inside: list[int], **extra) -> dict:
+        points = [timeline[i] for i in inside]
+        r = {"stage": stage, "start_s": round(a, 2), "wall_s": round(b - a, 2), **extra,
+             "peak_rss_anon_gib": None, "cores_busy": _cores(points)}
+        if inside:
+            top = max(inside, key=lambda i: timeline[i][1])
+            r["peak_rss_anon_gib"] = round(timeline[top][1] / 2**30, 3)
+            if per_process is not None:
+                r["peak_processes"] = [{"pid": pid, "role": role_of(pid) if role_of else str(pid),
+                                        "rss_anon_gib": round(rss / 2**30, 3)}
+                                       for pid, rss in sorted(per_process[top], key=lambda x: -x[1])
+                                       if rss >= PROCESS_MIN_BYTES]
+        return r
 
     open_at, rows = {}, []
     for line in log.read_text().splitlines():
@@ -271,17 +309,11 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float) -> list[dict]:
             open_at[e["stage"]] = e["t"]
         elif e["stage"] in open_at:
             a, b = open_at.pop(e["stage"]) - t0_wall, e["t"] - t0_wall
-            inside = [p for p in timeline if a <= p[0] <= b]
-            rows.append({"stage": e["stage"], "start_s": round(a, 2), "wall_s": round(b - a, 2),
-                         "peak_rss_anon_gib": round(max(p[1] for p in inside) / 2**30, 3) if inside else None,
-                         "cores_busy": _cores(inside)})
+            rows.append(row(e["stage"], a, b, [i for i, p in enumerate(timeline) if a <= p[0] <= b]))
     end = timeline[-1][0] if timeline else 0.0
     for stage, t in open_at.items():              # still running when the run ended (killed, crashed)
         a = t - t0_wall
-        inside = [p for p in timeline if p[0] >= a]
-        rows.append({"stage": stage, "start_s": round(a, 2), "wall_s": round(end - a, 2), "unfinished": True,
-                     "peak_rss_anon_gib": round(max(p[1] for p in inside) / 2**30, 3) if inside else None,
-                     "cores_busy": _cores(inside)})
+        rows.append(row(stage, a, end, [i for i, p in enumerate(timeline) if p[0] >= a], unfinished=True))
     return rows
 
 

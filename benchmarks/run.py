@@ -180,7 +180,8 @@ def _print_build(d: dict, path: Path) -> None:
     stages = m.get("stages", [])
     ranked = sorted((s for s in stages if s["peak_rss_anon_gib"] is not None), key=lambda s: -s["peak_rss_anon_gib"])
     for s in ranked[:6]:
-        print(f"  {s['peak_rss_anon_gib']:6.2f} GiB peak  {s['wall_s']:8.1f} s  {s['stage']}")
+        held = ", ".join(f"{q['role'].split(' (')[0]} {q['rss_anon_gib']:.2f}" for q in s.get("peak_processes") or [])
+        print(f"  {s['peak_rss_anon_gib']:6.2f} GiB peak  {s['wall_s']:8.1f} s  {s['stage']}" + (f"  [{held}]" if held else ""))
     for s in sorted(stages, key=lambda s: -s["wall_s"])[:8]:
         cores = "   -" if s.get("cores_busy") is None else f"{s['cores_busy']:4.2f}"
         print(f"  {s['wall_s']:8.1f} s  {cores} cores busy  {s['stage']}")

@@ -185,3 +185,27 @@ def test_tree_sampler_counts_children_and_copy_on_write_pages_once_in_pss(tmp_pa
     assert mon.exit_code == 0 and mem["max_processes_in_tree"] == 2
     assert mem["peak_rss_anon_bytes"] > 1.9 * 400 * 2**20
     assert 400 * 2**20 < mem["peak_pss_anon_bytes"] < 1.2 * 400 * 2**20
+
+
+def test_stage_peaks_name_the_processes_holding_each_stage_peak(tmp_path):
+    """A stage's peak is broken down by process: the parent holds 300 MiB throughout and a child
+    it starts during the stage "child" 200 MiB more; during "alone" only the parent is listed."""
+    from benchmarks import proctree
+
+    log = tmp_path / "logs" / "stages.jsonl"          # run_monitored reads the stage log from its logdir
+    child = "b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(1.5)"
+    script = ("import json, subprocess, sys, time\n"
+              "def ev(e, s): open(%r, 'a').write(json.dumps({'t': time.time(), 'event': e, 'stage': s}) + '\\n')\n"
+              "a = bytearray(300 * 2**20)\n"
+              "for i in range(0, len(a), 4096): a[i] = 1\n"
+              "ev('start', 'alone'); time.sleep(0.8); ev('end', 'alone')\n"
+              "ev('start', 'child'); subprocess.run([sys.executable, '-c', %r]); ev('end', 'child')\n") % (str(log), child)
+    mon = proctree.run_monitored([sys.executable, "-c", script], cwd=tmp_path, env=None, logdir=tmp_path / "logs",
+                                 interval=0.1)
+    assert mon.exit_code == 0, mon.stderr
+    stages = {r["stage"]: r for r in mon.memory["stages"]}
+    alone, both = stages["alone"]["peak_processes"], stages["child"]["peak_processes"]
+    assert [p["role"] for p in alone] == ["build process"] and 0.29 < alone[0]["rss_anon_gib"] < 0.4
+    assert len(both) == 2 and both[0]["role"] == "build process" and both[0]["pid"] == alone[0]["pid"]
+    assert "-c" in both[1]["role"] and 0.19 < both[1]["rss_anon_gib"] < 0.3
+    assert stages["child"]["peak_rss_anon_gib"] >= both[0]["rss_anon_gib"] + both[1]["rss_anon_gib"] - 0.001

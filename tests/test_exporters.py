@@ -383,6 +383,64 @@ def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lo
         assert np.array_equal(x["y"], y["y"])
 
 
+def _external_model(tmp_path, in_constant: bool = False):
+    """y = (x @ A + b) @ B with A and B in an external data file (B in a Constant node when
+    `in_constant`) and b inline; returns the path and the weights."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a, b, bb = (rng.standard_normal(s).astype(np.float32) for s in ((8, 300), (300,), (300, 5)))
+    inits = [numpy_helper.from_array(a, "A"), numpy_helper.from_array(b, "b")]
+    nodes = [helper.make_node("MatMul", ["x", "A"], ["h"]), helper.make_node("Add", ["h", "b"], ["g"]),
+             helper.make_node("MatMul", ["g", "B"], ["y"])]
+    if in_constant:
+        nodes.insert(0, helper.make_node("Constant", [], ["B"], value=numpy_helper.from_array(bb, "B")))
+    else:
+        inits.append(numpy_helper.from_array(bb, "B"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    path = tmp_path / ("const" if in_constant else "plain") / "m.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path), save_as_external_data=True, location=ox.data_file(path).name, size_threshold=1000)
+    return path, {"A": a, "b": b, "B": bb}
+
+
+def test_inline_copy_streams_the_weights_and_reads_back_as_the_same_model(tmp_path, monkeypatch):
+    """The single-file copy kept for AI Hub is written weight by weight (no whole-model protobuf:
+    onnx.save is never called), reads back with every initializer equal and in order, and runs
+    the same on ORT; external data outside the initializers takes the in-memory path."""
+    import onnx
+    from onnx import numpy_helper
+
+    src, weights = _external_model(tmp_path)
+    assert ox.data_file(src).exists() and not onnx.load(str(src), load_external_data=False).graph.initializer[0].raw_data
+
+    def no_save(*a, **k):
+        raise AssertionError("the streamed copy must not serialise the whole model")
+
+    monkeypatch.setattr(onnx, "save", no_save)
+    one = ox.inline_copy(src, tmp_path / "one.onnx")
+    monkeypatch.undo()
+    back = onnx.load(str(one))
+    assert [t.name for t in back.graph.initializer] == ["A", "b", "B"]
+    for t in back.graph.initializer:
+        assert not t.external_data and t.data_location == onnx.TensorProto.DEFAULT
+        assert np.array_equal(numpy_helper.to_array(t), weights[t.name])
+    onnx.checker.check_model(back)
+    x = {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}
+    want = (x["x"] @ weights["A"] + weights["b"]) @ weights["B"]
+    for path in (src, one):
+        (y,) = run_all(RunnerSpec("ort-cpu", str(path), ["x"], ["y"], {}), [x])[0].values()
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+    src2, weights2 = _external_model(tmp_path, in_constant=True)
+    one2 = ox.inline_copy(src2, tmp_path / "one2.onnx")
+    (y2,) = run_all(RunnerSpec("ort-cpu", str(one2), ["x"], ["y"], {}), [x])[0].values()
+    np.testing.assert_allclose(y2, (x["x"] @ weights2["A"] + weights2["b"]) @ weights2["B"], rtol=1e-5, atol=1e-5)
+
+
 def test_a_big_graph_is_quantized_in_a_child_that_maps_its_calibration(traced, lowering, tmp_path, monkeypatch):
     """A graph with external data is quantized in a spawned child that reads the calibration inputs
     memory-mapped from .npy files (removed afterwards), and gets the QDQ weights the in-process
