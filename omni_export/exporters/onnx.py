@@ -165,8 +165,10 @@ def inline_copy(src: Path, dst: Path) -> Path | None:
     `graph { initializer { ... raw_data } }` record, its bytes copied from the memory-mapped data
     file. Protobuf parsers merge repeated occurrences of a message field, so the file reads back
     as the same model (initializers in their original order). Loading every weight into the
-    protobuf and serialising it held the weights twice more: keeping the 0.6B talker decode's fp32
-    source for AI Hub took the build process from 7.0 to 10.2 GiB, the 0.6B build's peak."""
+    protobuf and serialising it held the weights twice more: on the 0.6B talker decode's fp32
+    source (1.77 GB), +3.55 GiB RssAnon and 10.4 s; streamed, +0.01 GiB and 1.9 s (single runs).
+    In the 0.6B build that copy was the peak (the build process alone at 10.16 GiB, after the
+    talker decode's scoring, where its sources are kept)."""
     import onnx
 
     if not data_file(src).exists():
