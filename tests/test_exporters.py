@@ -1,4 +1,5 @@
 """Each exporter and runner on a tiny graph: real ONNX Runtime, QNN HTP simulator, ExecuTorch."""
+import contextlib
 import copy
 import zipfile
 
@@ -357,6 +358,41 @@ def test_pte_lowering_leaves_no_copy_of_the_weights_alive(tmp_path):
     for i, precision in enumerate((Precision.FP16, Precision.W8A16)):
         export_pte(m, x, tmp_path / f"{i}.pte", precision)
         assert alive() == (programs, fp16)
+
+
+def test_xnnpack_preprocessing_shares_the_weights_and_writes_the_same_pte(tmp_path, monkeypatch):
+    """ExecuTorch deep-copies each delegated partition's program before XNNPACK preprocesses it; the
+    copy export_pte hands it shares the weights (no Parameter is deep-copied: a whole fp16 copy of
+    the lowered weights at the peak before), and the .pte is byte-for-byte the one made with the
+    copies. Two layers with a LayerNorm and GELU between, fp16 (weights delegated as constants)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from omni_export.exporters import executorch as et
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.LayerNorm(512), torch.nn.GELU(),
+                            torch.nn.Linear(512, 256)).eval()
+    x = (torch.randn(1, 8, 256),)
+    copied = []
+    real = torch.nn.Parameter.__deepcopy__
+
+    def watched(self, memo):
+        copied.append(self.numel())
+        return real(self, memo)
+
+    monkeypatch.setattr(torch.nn.Parameter, "__deepcopy__", watched)
+    export_pte(m, x, tmp_path / "shared.pte", Precision.FP16)
+    assert not [n for n in copied if n >= 256 * 512], copied
+    assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__      # restored after
+
+    @contextlib.contextmanager
+    def copying():
+        yield
+
+    monkeypatch.setattr(et, "preprocess_shares_weights", copying)
+    export_pte(m, x, tmp_path / "copied.pte", Precision.FP16)
+    assert [n for n in copied if n >= 256 * 512]                   # the stock path does copy them
+    assert (tmp_path / "shared.pte").read_bytes() == (tmp_path / "copied.pte").read_bytes()
 
 
 def test_graphs_exported_with_external_data_build_the_same_qnn_graphs(traced, lowering, tmp_path, monkeypatch):
