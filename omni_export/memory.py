@@ -114,7 +114,7 @@ NO_GATE = MemoryGate(None)
 #   quantizer child: 3.08 GiB at 0.6B (1.8x, alone, 16 calibration calls)
 #   in-process fp16 .pte lowering (the fp16 copy and XNNPACK's serialized one; above the process's
 #     RssAnon before it): 1.84 GiB at 0.6B (talker decode, 1.12x), 4.99 GiB at 1.7B (talker
-#     prefill, 0.96x) -- 2.73 / 7.40 GiB (1.66x / 1.42x) before preprocessing shared the weights
+#     prefill, 0.96x) -- 2.73 / 8.10 GiB (1.66x / 1.56x) before preprocessing shared the weights
 # ORT CPU sessions of an fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's
 # arena: an estimate.
 STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
