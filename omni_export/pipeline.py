@@ -471,6 +471,8 @@ def _step_kind(runner) -> str:
     needs less than one compiling its source ONNX."""
     if runner.kind == "qnn-htp" and runner.model.endswith(".ctx.onnx"):
         return "qnn-htp-ctx"
+    if runner.lean:
+        return "ort-cpu-lean"
     return runner.kind
 
 

@@ -608,3 +608,92 @@ def test_onnx_export_runs_no_rewrite_rule_of_several_output_nodes(tmp_path, monk
     assert path.read_bytes() == plain.read_bytes()
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, RotateHalf()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+_SESSION_RSS = """
+import sys, numpy as np
+from omni_export.parity.runners import RunnerSpec, open_runner
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) * 1024
+x = np.load(sys.argv[2])
+before = rss()
+r = open_runner(RunnerSpec("ort-cpu", sys.argv[1], ("x",), ("y",)), lean=sys.argv[3] == "lean")
+y = r.run({"x": x})["y"]
+print(rss() - before)
+np.save(sys.argv[4], y)
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_a_lean_ort_session_keeps_fp16_weights_in_the_file_and_computes_the_same(tmp_path):
+    """The default CPU session of an fp16 graph holds an fp32 copy of its weights; a lean one
+    (end-to-end parity at real sizes) holds neither copy past the op that uses it, same outputs."""
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4096, 4096)) * 0.02).astype(np.float16), "w")  # 32 MB
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+         helper.make_node("MatMul", ["x16", "w"], ["y16"]),
+         helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4096])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    np.save(tmp_path / "x.npy", rng.standard_normal((1, 8, 4096)).astype(np.float32))
+    grown, out = {}, {}
+    for mode in ("default", "lean"):
+        res = subprocess.run([sys.executable, "-c", _SESSION_RSS, str(path), str(tmp_path / "x.npy"), mode,
+                              str(tmp_path / f"{mode}.npy")], capture_output=True, text=True, check=True)
+        grown[mode] = int(res.stdout.split()[-1])
+        out[mode] = np.load(tmp_path / f"{mode}.npy")
+    fp32_weight = 4096 * 4096 * 4
+    assert grown["default"] >= 0.9 * fp32_weight, grown        # the fp32 copy the default session keeps
+    assert grown["lean"] <= 0.25 * fp32_weight, grown
+    np.testing.assert_allclose(out["lean"], out["default"], rtol=1e-3, atol=1e-3)
+
+
+def test_pte_calibration_calls_are_made_one_at_a_time(traced, tmp_path, monkeypatch):
+    """A quantized .pte reads its calibration calls one by one: a KV-cache graph's captured call is
+    held compact and padded to its whole cache when read (235 MB per talker decode call at 0.6B);
+    making all 16 up front held 3.7 GB in the build process."""
+    import weakref
+
+    alive, most = [0], [0]
+    made = []
+
+    def args(sample):
+        out = traced.__class__.args(traced, sample)
+        if not any(sample is c for c in traced.calibration):
+            return out                                        # the example call (a held-out one)
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        made.append(1)
+        weakref.finalize(out[1], lambda: alive.__setitem__(0, alive[0] - 1))
+        return out
+
+    monkeypatch.setattr(traced, "args", args)
+    lw = Lowering(traced, TARGETS["s25-htp"], tmp_path / "work", weight_rounding="gptq")
+    built = lw.build(BuildSpec("r", "tiny", Format.PTE, Precision.W8A16, "s25-htp"), tmp_path)
+    assert built.details["weight_rounding"]["method"] == "gptq"
+    assert len(made) >= len(traced.calibration) == 16         # every call was read ...
+    assert most[0] <= 2, most[0]                              # ... and at most two were alive at once
+
+
+def test_a_heavy_graph_scores_on_ort_cpu_in_a_lean_session_with_the_same_outputs(traced, tmp_path):
+    light = Lowering(traced, TARGETS["s25-htp"], tmp_path / "light", rewrites=("pow_mul",))
+    heavy = Lowering(traced, TARGETS["s25-htp"], tmp_path / "heavy", rewrites=("pow_mul",))
+    heavy.weight_bytes = 1 << 30          # what the pipeline sets for a graph past HEAVY_BYTES
+    spec = BuildSpec("r", "tiny", Format.ONNX, Precision.FP16, "s25-htp")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a, b = light.build(spec, tmp_path / "a").runner, heavy.build(spec, tmp_path / "b").runner
+    assert not a.lean and b.lean and "lean session" in b.label and b.to_json()["options"]["session"] == "lean"
+    for x, y in zip(run_all(a, traced.heldout), run_all(b, traced.heldout)):
+        np.testing.assert_allclose(y["y"], x["y"], rtol=1e-4, atol=1e-4)

@@ -37,13 +37,15 @@ SCHEMES = {
 PT2E_CALIBRATION_CALLS = 64
 
 
-def _spread(calls: Sequence, limit: int) -> list:
-    """At most `limit` of `calls`, evenly spaced (first and last kept)."""
+def _spread(calls: Sequence, limit: int):
+    """At most `limit` of `calls`, evenly spaced (first and last kept), read one at a time."""
     if len(calls) <= limit:
-        return list(calls)
+        yield from calls
+        return
     import numpy as np
 
-    return [calls[i] for i in np.linspace(0, len(calls) - 1, limit).round().astype(int)]
+    for i in np.linspace(0, len(calls) - 1, limit).round().astype(int):
+        yield calls[int(i)]
 
 
 class _CastIO(nn.Module):
