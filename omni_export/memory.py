@@ -116,10 +116,11 @@ NO_GATE = MemoryGate(None)
 #     RssAnon before it): 1.84 GiB at 0.6B (talker decode, 1.12x), 4.99 GiB at 1.7B (talker
 #     prefill, 0.96x) -- 2.73 / 8.10 GiB (1.66x / 1.56x) before preprocessing shared the weights
 # ORT CPU sessions of an fp16 / QDQ graph fold their weights to fp32 once (~1x) plus the session's
-# arena: an estimate. A lean session (heavy graphs) keeps them in the file's pages: 0.08 GiB after a
-# 0.6B talker decode call (fp16) against 1.97 GiB.
+# arena: an estimate. A lean session (heavy graphs) keeps them in the file's pages (0.08 GiB after a
+# 0.6B talker decode call on zeros, against 1.97 GiB); what remains is mostly the held-out inputs:
+# 1.48 GiB for the 0.6B talker decode's scoring worker (12 calls, each with its KV cache; 1.84 before).
 STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
-                "ort-cpu-lean": 0.3, "pte-lower": 1.15, "executorch": 1.0}
+                "ort-cpu-lean": 0.8, "pte-lower": 1.15, "executorch": 1.0}
 
 
 def step_bytes(kind: str, weight_bytes: int) -> int:
