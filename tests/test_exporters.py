@@ -695,5 +695,12 @@ def test_a_heavy_graph_scores_on_ort_cpu_in_a_lean_session_with_the_same_outputs
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     a, b = light.build(spec, tmp_path / "a").runner, heavy.build(spec, tmp_path / "b").runner
     assert not a.lean and b.lean and "lean session" in b.label and b.to_json()["options"]["session"] == "lean"
+    import onnxruntime as ort
+
+    opened = {k: open_runner(r).session.get_session_options() for k, r in (("light", a), ("heavy", b))}
+    assert opened["light"].enable_cpu_mem_arena and opened["light"].graph_optimization_level != \
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert not opened["heavy"].enable_cpu_mem_arena          # the scoring worker opens what the spec says
+    assert opened["heavy"].graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     for x, y in zip(run_all(a, traced.heldout), run_all(b, traced.heldout)):
         np.testing.assert_allclose(y["y"], x["y"], rtol=1e-4, atol=1e-4)

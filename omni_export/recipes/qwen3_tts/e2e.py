@@ -85,8 +85,9 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                           for req, (codes, _) in zip(model.requests("heldout"), reference)]
             finally:
                 built.close()
-        lean = {"ort_sessions": "lean (basic graph optimizations, no memory arena)"} if built.lean and runner == "ort" else {}
-        rows.append({**row, **lean, **_score(reference, margins, free, forced)})
+        if runner == "ort":
+            row["ort_sessions"] = "lean (basic graph optimizations, no memory arena)"
+        rows.append({**row, **_score(reference, margins, free, forced)})
     return rows
 
 
