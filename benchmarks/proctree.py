@@ -115,6 +115,7 @@ class TreeSampler:
     _ticks: dict = field(default_factory=dict)      # pid -> ticks at its last sample
     per_process: list = field(default_factory=list)  # per timeline point: ((pid, RssAnon), ...) of the tree
     commands: dict = field(default_factory=dict)     # pid -> its command line, read when first seen
+    cpu_by_pid: dict = field(default_factory=dict)   # pid -> sampled CPU seconds (utime + stime)
     t0_wall: float = 0.0                            # time.time() at the first sample (stage logs use it)
 
     def start(self) -> "TreeSampler":
@@ -137,7 +138,10 @@ class TreeSampler:
         now = time.monotonic() - self._t0
         pids = tree(self.root)
         ticks = {pid: _CPU[pid] for pid in pids if pid in _CPU}
-        self.cpu_s += sum(max(0, t - self._ticks.get(pid, 0)) for pid, t in ticks.items()) / CLK_TCK
+        for pid, t in ticks.items():
+            d = max(0, t - self._ticks.get(pid, 0)) / CLK_TCK
+            self.cpu_s += d
+            self.cpu_by_pid[pid] = self.cpu_by_pid.get(pid, 0.0) + d
         self._ticks = ticks
         rss = [(pid, rss_anon_bytes(pid)) for pid in pids]
         rss = [(pid, r) for pid, r in rss if r is not None]
@@ -252,9 +256,14 @@ def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval
     sig = signal.Signals(-code).name if code is not None and code < 0 else ("timeout" if code is None else None)
     memory = sampler.to_json(wall)
     stages = logdir / "stages.jsonl"
+    marked = process_roles(stages) if stages.exists() else {}
+
+    def role_of(pid: int) -> str:
+        return marked.get(pid) or role(pid, proc.pid, sampler.commands.get(pid, "?"))
+
+    memory["cpu_by_role"] = cpu_by_role(sampler.cpu_by_pid, role_of)
     if stages.exists():
-        memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall, sampler.per_process,
-                                       lambda pid: role(pid, proc.pid, sampler.commands.get(pid, "?")))
+        memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall, sampler.per_process, role_of)
     return Monitored(command, code, sig, wall, memory, out_path.read_text(errors="replace"),
                      err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None,
                      usage.ru_utime + usage.ru_stime if usage else None)
@@ -272,6 +281,33 @@ def role(pid: int, root: int, cmd: str) -> str:
     if "resource_tracker" in cmd:
         return "multiprocessing resource tracker"
     return cmd[:120]
+
+
+def process_roles(log: Path) -> dict:
+    """pid -> role, from the `process` lines the build's children write to its stage log
+    (omni_export.parity.pool.mark_process)."""
+    import json
+
+    roles = {}
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "process":
+            roles[e["pid"]] = e["role"]
+    return roles
+
+
+def cpu_by_role(cpu_by_pid: dict, role_of) -> dict:
+    """Sampled CPU seconds per role, largest first, with the number of processes in each."""
+    out: dict = {}
+    for pid, sec in cpu_by_pid.items():
+        r = out.setdefault(role_of(pid), {"cpu_s": 0.0, "processes": 0})
+        r["cpu_s"] += sec
+        r["processes"] += 1
+    return {k: {"cpu_s": round(v["cpu_s"], 1), "processes": v["processes"]}
+            for k, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_s"])}
 
 
 def stage_peaks(log: Path, timeline: list, t0_wall: float, per_process: list | None = None,
@@ -305,9 +341,9 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float, per_process: list | N
             e = json.loads(line)
         except ValueError:
             continue
-        if e["event"] == "start":
+        if e.get("event") == "start":
             open_at[e["stage"]] = e["t"]
-        elif e["stage"] in open_at:
+        elif e.get("event") == "end" and e["stage"] in open_at:
             a, b = open_at.pop(e["stage"]) - t0_wall, e["t"] - t0_wall
             rows.append(row(e["stage"], a, b, [i for i, p in enumerate(timeline) if a <= p[0] <= b]))
     end = timeline[-1][0] if timeline else 0.0

@@ -177,6 +177,8 @@ def _print_build(d: dict, path: Path) -> None:
           f"over {m['samples']} samples")
     if p.get("cpu_s") is not None:
         print(f"CPU {p['cpu_s']:.0f} s: {p['mean_cores_busy']:.2f} of {p['cores']} cores busy on average")
+    for r, c in list((m.get("cpu_by_role") or {}).items())[:6]:
+        print(f"  {c['cpu_s']:8.1f} CPU s  {r.split(' (')[0]} ({c['processes']} process{'es' if c['processes'] != 1 else ''})")
     stages = m.get("stages", [])
     ranked = sorted((s for s in stages if s["peak_rss_anon_gib"] is not None), key=lambda s: -s["peak_rss_anon_gib"])
     for s in ranked[:6]:

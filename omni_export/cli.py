@@ -239,10 +239,12 @@ def _recipe_command(name: str) -> click.Command:
                           "longer for a faster on-device graph (450 s for that frame at QNN's default). "
                           "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
         click.Option(["--max-memory"], type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB",
-                     help="keep the build's process tree under about this many GB (1e9 bytes): heavy steps of "
-                          "big graphs (QNN compile and quantizer children, simulator workers, .pte lowering) "
-                          "then run one after another instead of side by side. Default: let them overlap while "
-                          "their estimated peaks fit in the memory free at each component's start"),
+                     help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
+                          "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "
+                          "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
+                          "one after another when tight. Default: QNN compile and quantizer children run "
+                          "alone, beside the build process only (the lowest peak), and the "
+                          "other steps overlap while they fit in the memory free at each component's start"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

@@ -49,33 +49,62 @@ class MemoryGate:
 
     At 0.6B on 24 GiB everything still overlaps (two ~3.9 GB reservations fit); at 1.7B a
     ~13 GB QNN compile child and a ~13 GB simulator worker would not fit beside the build process,
-    and run one after the other instead of being killed by the kernel. `budget` None: no gating."""
+    and run one after the other instead of being killed by the kernel. `budget` None: no gating.
 
-    def __init__(self, budget: int | None = None):
+    alone: steps acquired with `alone=True` (the QNN compile and quantizer children, ~2-2.5x their
+    graph's fp32 weight bytes each) wait until nothing else is held, and nothing else starts while
+    one waits or runs: the tree then peaks at one such child beside the build process. At 0.6B the
+    talker decode's compile child (3.69 GiB) overlapped a scoring worker (1.48 GiB) and the build
+    process (2.12 GiB): 7.30 GiB, where one child beside the build process is ~5.3. It costs wall
+    (the scoring queue pauses while a child runs); the build gives a --max-memory budget to let
+    them overlap where it fits."""
+
+    def __init__(self, budget: int | None = None, alone: bool = False):
         import threading
 
         self.budget = budget
+        self.alone = alone
         self._held = 0
         self._count = 0
+        self._alone_waiting = 0
+        self._alone_held = False
         self._cond = threading.Condition()
         self.waits = 0
         self.waited_s = 0.0
         self.peak_held = 0
+        self.alone_steps = 0
 
-    def acquire(self, nbytes: int) -> None:
+    def _must_wait(self, nbytes: int, alone: bool) -> bool:
+        if alone:
+            return self._count > 0
+        if self._alone_held or self._alone_waiting:
+            return True
+        return self.budget is not None and self._count > 0 and self._held + nbytes > self.budget
+
+    def acquire(self, nbytes: int, alone: bool = False) -> None:
         import time
 
+        alone = alone and self.alone
         if nbytes <= 0:
             return
         with self._cond:
             t0 = time.monotonic()
             waited = False
-            while self.budget is not None and self._count and self._held + nbytes > self.budget:
-                waited = True
-                self._cond.wait()
+            if alone:
+                self._alone_waiting += 1
+            try:
+                while self._must_wait(nbytes, alone):
+                    waited = True
+                    self._cond.wait()
+            finally:
+                if alone:
+                    self._alone_waiting -= 1
             if waited:
                 self.waits += 1
                 self.waited_s += time.monotonic() - t0
+            if alone:
+                self._alone_held = True
+                self.alone_steps += 1
             self._held += nbytes
             self._count += 1
             self.peak_held = max(self.peak_held, self._held)
@@ -86,11 +115,13 @@ class MemoryGate:
         with self._cond:
             self._held -= nbytes
             self._count -= 1
+            if self._count == 0:
+                self._alone_held = False
             self._cond.notify_all()
 
     @contextlib.contextmanager
-    def hold(self, nbytes: int):
-        self.acquire(nbytes)
+    def hold(self, nbytes: int, alone: bool = False):
+        self.acquire(nbytes, alone)
         try:
             yield
         finally:
@@ -98,7 +129,8 @@ class MemoryGate:
 
     def report(self) -> dict:
         return {"budget_bytes": self.budget, "peak_held_bytes": self.peak_held, "waits": self.waits,
-                "waited_s": round(self.waited_s, 3)}
+                "waited_s": round(self.waited_s, 3), "children_alone": self.alone,
+                **({"alone_steps": self.alone_steps} if self.alone else {})}
 
 
 NO_GATE = MemoryGate(None)
@@ -121,6 +153,11 @@ NO_GATE = MemoryGate(None)
 # 1.48 GiB for the 0.6B talker decode's scoring worker (12 calls, each with its KV cache; 1.84 before).
 STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
                 "ort-cpu-lean": 0.8, "pte-lower": 1.15, "executorch": 1.0}
+
+
+# Steps that run alone unless the build was given a --max-memory budget (MemoryGate.alone): the
+# QNN compile and quantizer children, and a simulator worker compiling a source ONNX itself.
+ALONE_STEPS = frozenset({"qnn-compile", "quantize", "qnn-htp"})
 
 
 def step_bytes(kind: str, weight_bytes: int) -> int:

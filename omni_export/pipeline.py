@@ -15,6 +15,7 @@ from .artifacts import reproducibility as repro
 from .artifacts.store import Store, disk_full, is_disk_full
 from .core import BuildSpec, Format, Precision, Recipe, Target, UsageError, Verdict
 from .faults import crash_point, interrupt_point
+from .memory import ALONE_STEPS
 from .qnn_ep import DEFAULT_FINALIZE
 from .recipes import load_callable
 from .targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
@@ -407,7 +408,8 @@ def _run_component(opts, model, comp_name: str, builds: list[BuildSpec], store: 
         # while their estimated peaks fit in what is free (or under --max-memory)
         from .memory import MemoryGate, build_budget
 
-        gate = MemoryGate(build_budget(opts.max_memory))
+        # without --max-memory, QNN compile and quantizer children run alone (the lowest peak)
+        gate = MemoryGate(build_budget(opts.max_memory), alone=opts.max_memory is None)
         lowering.gate, lowering.weight_bytes = gate, weight_bytes
     with RunPool(opts.jobs, one_at_a_time=weight_bytes >= HEAVY_BYTES, gate=gate) as pool:
         # Lower everything first, handing each runner job to the pool as soon as it exists, so the
@@ -566,7 +568,8 @@ def _lower_build(spec: BuildSpec, threshold: float, lowering, traced, store: Sto
         p.entry["outputs_from"] = first.format.value
     else:
         inputs = traced.heldout if p.samples is None else [traced.heldout[i] for i in p.samples]
-        p.future = pool.submit(runner, inputs, reserve=lowering.need(_step_kind(runner)))
+        kind = _step_kind(runner)
+        p.future = pool.submit(runner, inputs, reserve=lowering.need(kind), alone=kind in ALONE_STEPS)
         if key:
             shared[key] = (p.future, spec)
     p.t_submit = time.time()

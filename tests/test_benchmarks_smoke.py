@@ -209,3 +209,31 @@ def test_stage_peaks_name_the_processes_holding_each_stage_peak(tmp_path):
     assert len(both) == 2 and both[0]["role"] == "build process" and both[0]["pid"] == alone[0]["pid"]
     assert "-c" in both[1]["role"] and 0.19 < both[1]["rss_anon_gib"] < 0.3
     assert stages["child"]["peak_rss_anon_gib"] >= both[0]["rss_anon_gib"] + both[1]["rss_anon_gib"] - 0.001
+
+
+def test_cpu_is_attributed_to_the_roles_the_build_children_mark(tmp_path):
+    """A child that names itself in the stage log (parity.pool.mark_process, as the build's scoring
+    workers and compile children do) gets its CPU and its share of a stage peak under that role;
+    the parent's CPU stays with the build process."""
+    import os
+
+    from benchmarks import proctree
+
+    log = tmp_path / "logs" / "stages.jsonl"
+    child = ("from omni_export.parity.pool import mark_process\n"
+             "mark_process('QNN context-binary compile child')\n"
+             "b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+             "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.2: pass\n")
+    script = ("import json, subprocess, sys, time\n"
+              "def ev(e, s): open(%r, 'a').write(json.dumps({'t': time.time(), 'event': e, 'stage': s}) + '\\n')\n"
+              "ev('start', 'compile'); subprocess.run([sys.executable, '-c', %r]); ev('end', 'compile')\n") % (str(log), child)
+    env = dict(os.environ, OMNI_EXPORT_STAGE_LOG=str(log), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    mon = proctree.run_monitored([sys.executable, "-c", script], cwd=tmp_path, env=env, logdir=tmp_path / "logs",
+                                 interval=0.1)
+    assert mon.exit_code == 0, mon.stderr
+    roles = mon.memory["cpu_by_role"]
+    assert roles["QNN context-binary compile child"]["processes"] == 1
+    assert roles["QNN context-binary compile child"]["cpu_s"] >= 1.0
+    assert roles["build process"]["cpu_s"] < roles["QNN context-binary compile child"]["cpu_s"]
+    held = {p["role"] for p in {r["stage"]: r for r in mon.memory["stages"]}["compile"]["peak_processes"]}
+    assert "QNN context-binary compile child" in held

@@ -114,6 +114,47 @@ def test_memory_gate_lets_heavy_steps_overlap_only_while_their_reservations_fit(
     assert gate.peak_held == 50
 
 
+def test_memory_gate_runs_alone_steps_with_nothing_beside_them():
+    """A step acquired alone (a QNN compile child) waits for what is held to finish however much the
+    budget has room, and nothing else starts while it waits or runs; a gate without `alone` (the
+    build was given --max-memory) treats it as any other step."""
+    import threading
+    import time
+
+    from omni_export.memory import MemoryGate
+
+    gate = MemoryGate(100, alone=True)
+    log = []
+    gate.acquire(10)                          # a scoring worker's job
+
+    def child():
+        with gate.hold(30, alone=True):
+            log.append("child runs")
+            time.sleep(0.3)
+            log.append("child done")
+
+    def worker():
+        with gate.hold(10):
+            log.append("next job runs")
+
+    c = threading.Thread(target=child)
+    c.start()
+    time.sleep(0.3)
+    w = threading.Thread(target=worker)      # queued after the child: must not jump ahead of it
+    w.start()
+    time.sleep(0.3)
+    assert log == [] and c.is_alive() and w.is_alive()     # 10 + 30 fit in 100, yet the child waits
+    gate.release(10)
+    c.join(5)
+    w.join(5)
+    assert log == ["child runs", "child done", "next job runs"]
+    assert gate.peak_held == 30 and gate.alone_steps == 1 and gate.report()["children_alone"] is True
+
+    shared = MemoryGate(100)                 # --max-memory: alone steps overlap while they fit
+    with shared.hold(10), shared.hold(30, alone=True):
+        assert shared.peak_held == 40 and shared.waits == 0
+
+
 def test_runner_pool_starts_a_gated_job_only_when_its_reservation_fits(traced, lowering, tmp_path):
     """A job whose memory reservation does not fit beside what the build holds (a QNN compile child)
     stays queued until that is released; jobs that fit only one at a time never overlap; results

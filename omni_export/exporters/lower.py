@@ -20,6 +20,10 @@ from . import rewrites as rw
 REWRITE_MIN_DB = 100.0
 
 
+_CHILD_ROLES = {"compile_context": "QNN context-binary compile child", "compile_dlc": "QNN DLC compile child",
+                "quantize_qdq": "quantizer child"}
+
+
 def isolated(big: bool, fn, *args):
     """fn(*args), in a fresh spawned process when `big` (a graph with external data, past 256 MB
     of weights). The QNN EP's graph compiles and ONNX Runtime's quantizer keep what they allocate
@@ -30,12 +34,19 @@ def isolated(big: bool, fn, *args):
     if not big:
         return fn(*args)
     import concurrent.futures as cf
+    import gc
     import multiprocessing as mp
 
-    from ..parity.pool import exit_with_parent
+    from ..memory import trim_heap
+    from ..parity.pool import init_child
+
+    # the child's GiBs run beside this process: hand back first what the last steps freed (the
+    # talker decode's build process held 2.59 GiB after its fp16 .pte lowering, 1.49 once trimmed)
+    gc.collect()
+    trim_heap()
 
     with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
-                                initializer=exit_with_parent) as ex:
+                                initializer=init_child, initargs=(_CHILD_ROLES.get(fn.__name__, fn.__name__),)) as ex:
         return ex.submit(fn, *args).result()
 
 
@@ -114,7 +125,7 @@ class Lowering:
             if big:     # the child maps the calibration inputs from files instead of unpickling a copy
                 calibration = ox.MappedSamples.write(calibration, self.work / f"{key}.calibration")
             try:
-                with self.gate.hold(self.need("quantize")):
+                with self._hold("quantize"):
                     path = isolated(big, ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx", calibration, precision,
                                     self.headroom.get(precision), self.per_channel_linears, self.weight_rounding)
             finally:
@@ -180,7 +191,7 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            with self.gate.hold(self.need("qnn-dlc")):
+            with self._hold("qnn-dlc"):
                 dlc = isolated(_big(src), qnn_ep.compile_dlc, src, staging / "dlc", opts)
             shutil.move(str(dlc), out)
             shutil.rmtree(staging / "dlc", ignore_errors=True)
@@ -192,7 +203,7 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            with self.gate.hold(self.need("qnn-compile")):
+            with self._hold("qnn-compile"):
                 ctx, binary = isolated(_big(src), qnn_ep.compile_context, src, out, opts)
             d = self._details(p, qnn=True)
             d["wrapper"] = "EPContext .onnx (ONNX Runtime QNN EP); the *_qnn.bin is the raw QNN context binary"
@@ -201,13 +212,20 @@ class Lowering:
             from .executorch import export_pte
 
             calib = _CallArgs(self.traced) if p.quantized else ()
-            with self.gate.hold(self.need("pte-lower")):
+            with self._hold("pte-lower"):
                 details = export_pte(self.traced.module, self.traced.example, out, p, calib,
                                      self.weight_rounding if p == Precision.W8A16 else "nearest")
             return Built([out], self._spec("executorch", out), details)
         raise ValueError(f"no exporter for {spec.format}")
 
     # ---- helpers
+    def _hold(self, kind: str):
+        """Hold this graph's reservation for a heavy step of `kind` on the memory gate (alone when the
+        kind is one of memory.ALONE_STEPS and the gate keeps those alone)."""
+        from ..memory import ALONE_STEPS
+
+        return self.gate.hold(self.need(kind), alone=kind in ALONE_STEPS)
+
     def need(self, kind: str) -> int:
         """The memory a heavy step of this graph reserves (memory.step_bytes); 0 for a light graph."""
         from ..memory import step_bytes

@@ -35,10 +35,30 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def mark_process(role: str) -> None:
+    """Name this process's role in the stage log (OMNI_EXPORT_STAGE_LOG), when one is kept: the
+    benchmark harness attributes CPU and memory per role (build process, scoring worker, QNN
+    compile child ...) from these lines."""
+    import json
+    import time
+
+    path = os.environ.get("OMNI_EXPORT_STAGE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "event": "process", "pid": os.getpid(), "role": role}) + "\n")
+
+
+def init_child(role: str) -> None:
+    """Initializer of a spawned child doing one step of the build (a QNN compile, a quantization)."""
+    exit_with_parent()
+    mark_process(role)
+
+
 def _init_worker() -> None:
     import warnings
 
     exit_with_parent()
+    mark_process("scoring worker")
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # spawned workers do not inherit the parent's filters; torch's pytree deprecation warnings
@@ -83,18 +103,18 @@ class RunPool:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="runpool-dispatch", daemon=True)
                 self._dispatcher.start()
 
-    def submit(self, spec: RunnerSpec, inputs: list[dict], reserve: int = 0) -> cf.Future:
+    def submit(self, spec: RunnerSpec, inputs: list[dict], reserve: int = 0, alone: bool = False) -> cf.Future:
         # ExecuTorch's runtime is quick and does not import cleanly beside torchao in a fresh
         # spawned process; it runs here.
         if self._pool is not None and spec.kind != "executorch":
             if self._queue is not None:
                 proxy: cf.Future = cf.Future()
-                self._queue.put((spec, inputs, reserve, proxy))
+                self._queue.put((spec, inputs, reserve, alone, proxy))
                 return proxy
             return self._pool.submit(_job, spec, inputs)
         f: cf.Future = cf.Future()
         try:
-            with self.gate.hold(reserve):
+            with self.gate.hold(reserve, alone):
                 f.set_result(_job(spec, inputs))
         except Exception as e:  # surfaced by .result(), like a worker's exception
             f.set_exception(e)
@@ -107,9 +127,9 @@ class RunPool:
             item = self._queue.get()
             if item is None:
                 return
-            spec, inputs, reserve, proxy = item
+            spec, inputs, reserve, alone, proxy = item
             self._slots.acquire()
-            self.gate.acquire(reserve)
+            self.gate.acquire(reserve, alone)
             try:
                 if self._closed:
                     raise RuntimeError("runner pool closed before the job started")
