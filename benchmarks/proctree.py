@@ -283,20 +283,21 @@ def role(pid: int, root: int, cmd: str) -> str:
     return cmd[:120]
 
 
+def _events(log: Path):
+    """The stage log's JSON lines (a line cut short by a killed build is skipped)."""
+    import json
+
+    for line in log.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
 def process_roles(log: Path) -> dict:
     """pid -> role, from the `process` lines the build's children write to its stage log
     (omni_export.parity.pool.mark_process)."""
-    import json
-
-    roles = {}
-    for line in log.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("event") == "process":
-            roles[e["pid"]] = e["role"]
-    return roles
+    return {e["pid"]: e["role"] for e in _events(log) if e.get("event") == "process"}
 
 
 def cpu_by_role(cpu_by_pid: dict, role_of) -> dict:
@@ -319,7 +320,6 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float, per_process: list | N
     shorter than the sampling interval may have no sample (peak and cores None). Stages nest and
     runner jobs overlap later stages, so the cores are those of the whole tree while the stage was
     open."""
-    import json
 
     def row(stage: str, a: float, b: float, inside: list[int], **extra) -> dict:
         points = [timeline[i] for i in inside]
@@ -336,11 +336,7 @@ def stage_peaks(log: Path, timeline: list, t0_wall: float, per_process: list | N
         return r
 
     open_at, rows = {}, []
-    for line in log.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
+    for e in _events(log):
         if e.get("event") == "start":
             open_at[e["stage"]] = e["t"]
         elif e.get("event") == "end" and e["stage"] in open_at:
