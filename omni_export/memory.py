@@ -47,9 +47,10 @@ class MemoryGate:
     to finish. A step always runs when nothing else is held, so the build never stalls: the gate
     only decides what may overlap.
 
-    At 0.6B on 24 GiB everything still overlaps (two ~3.9 GB reservations fit); at 1.7B a
-    ~13 GB QNN compile child and a ~13 GB simulator worker would not fit beside the build process,
-    and run one after the other instead of being killed by the kernel. `budget` None: no gating.
+    With a budget alone (--max-memory), at 0.6B on 24 GiB everything overlaps (two ~3.9 GB
+    reservations fit); at 1.7B a ~13 GB QNN compile child and a ~13 GB simulator worker would not
+    fit beside the build process, and run one after the other instead of being killed by the
+    kernel. `budget` None: no gating.
 
     alone: steps acquired with `alone=True` (the QNN compile and quantizer children, ~2-2.5x their
     graph's fp32 weight bytes each) wait until nothing else is held, and nothing else starts while
