@@ -63,6 +63,7 @@ def load_model(size: str, work: Path, overrides: dict):
     from omni_export.recipes.qwen3_tts.recipe import RECIPE
 
     options = {o.name: o.default for o in RECIPE.options}
+    options["talker-parts"] = 1        # the talker step is timed whole, against its bandwidth floor
     options.update(overrides)
     if size != "tiny":
         options.update({"random-weights": True, "size": size})

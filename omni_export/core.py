@@ -69,6 +69,7 @@ class TensorSpec:
     dtype: str    # numpy dtype name: float32, int32, ...
     doc: str = ""
     repeat: str | None = None   # per-layer tensors: name has "{i}", expanded over range(sizes[repeat])
+    repeat_from: str | None = None  # ... starting at i = sizes[repeat_from] (a graph of later layers)
 
     def resolve(self, sizes: Mapping[str, int]) -> "TensorSpec":
         dims = []
@@ -93,9 +94,11 @@ def resolve_specs(specs: tuple[TensorSpec, ...], sizes: Mapping[str, int]) -> tu
             i += 1
             continue
         group = [s]
-        while i + len(group) < len(specs) and specs[i + len(group)].repeat == s.repeat:
+        while (i + len(group) < len(specs) and specs[i + len(group)].repeat == s.repeat
+               and specs[i + len(group)].repeat_from == s.repeat_from):
             group.append(specs[i + len(group)])
-        for n in range(int(sizes[s.repeat])):
+        start = int(sizes[s.repeat_from]) if s.repeat_from else 0
+        for n in range(start, start + int(sizes[s.repeat])):
             for g in group:
                 out.append(TensorSpec(g.name.format(i=n), g.shape, g.dtype, g.doc).resolve(sizes))
         i += len(group)

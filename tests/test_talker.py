@@ -18,7 +18,7 @@ from omni_export.weights import write_safetensors
 META = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())["talker"]
 
 
-def _load(tmp_path, name):
+def _load(tmp_path, name, **options):
     case = META[name]
     d = ck.write_checkpoint(tmp_path / name, seed=case["seed"], size=case["size"], kind=case["kind"])
     g = np.load(GOLDEN / "qwen3_tts" / f"{name}.npz")
@@ -28,7 +28,7 @@ def _load(tmp_path, name):
     st["talker.codec_head.weight"][2150] = st["talker.codec_head.weight"][int(g["eos_row"])] * np.float32(1.3)
     write_safetensors(d / "model.safetensors", st)
     opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
-    return M.load(d, opts, tmp_path), case, g
+    return M.load(d, {**opts, **options}, tmp_path), case, g
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,19 @@ def one_thread():
 @pytest.mark.parametrize("name", sorted(META))
 @pytest.mark.parametrize("predictor", ["frame", "step"])
 def test_greedy_codes_equal_upstream(tmp_path, name, predictor):
-    model, case, g = _load(tmp_path, name)
+    _greedy_codes_equal_upstream(tmp_path, name, predictor)
+
+
+@pytest.mark.parametrize("name", sorted(META))
+def test_split_talker_codes_equal_upstream(tmp_path, name):
+    """--talker-parts 2: the host runs each talker call as two graphs (residual stream between)."""
+    model = _greedy_codes_equal_upstream(tmp_path, name, "frame", **{"talker-parts": 2})
+    comps = model.components()
+    assert "talker_decode" not in comps and {"talker_prefill_part1", "talker_decode_part2"} <= set(comps)
+
+
+def _greedy_codes_equal_upstream(tmp_path, name, predictor, **options):
+    model, case, g = _load(tmp_path, name, **options)
     graphs = EagerGraphs(model)
     for i, r in enumerate(case["requests"]):
         req = Request(text_ids=g[f"text_ids_{i}"].tolist(), speaker=r.get("speaker"), language=r["language"],
@@ -52,6 +64,7 @@ def test_greedy_codes_equal_upstream(tmp_path, name, predictor):
         opts = model.gen_options(greedy=True, predictor=predictor, max_frames=case["max_new_tokens"] - 1)
         gen, _ = model.synthesize(graphs, req, opts, with_audio=False)
         np.testing.assert_array_equal(gen.codes, g[f"codes_{i}"], err_msg=f"{name} request {i} ({r})")
+    return model
 
 
 def test_eos_and_max_frames_paths_are_both_covered():
@@ -286,3 +299,41 @@ def test_weights_are_held_only_while_a_component_is_built(tmp_path):
     gc.collect()
     assert model.tensors.held() == []
     assert model.tables.text.shape[0] == model.cfg.talker.text_vocab_size   # read again on request
+
+
+def test_talker_halves_compose_to_the_whole_step(tmp_path):
+    """Part 1 then part 2 of a split talker give the whole step's outputs (same ops, same order),
+    their K/V named by global layer; each half holds only its own layers' weights."""
+    d = ck.write_checkpoint(tmp_path / "ck", seed=5)
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    whole = M.load(d, {**opts, "talker-parts": 1}, tmp_path)
+    split = M.load(d, {**opts, "talker-parts": 2}, tmp_path)
+    layers = whole.cfg.talker.num_hidden_layers
+    assert whole.talker_parts == 1 and split.talker_parts == 2 and layers >= 2
+    rng = np.random.default_rng(0)
+    for name in ("talker_prefill", "talker_decode"):
+        g = whole.graph(name)
+        inputs = {s.name: rng.standard_normal(s.shape).astype(np.float32) for s in g.inputs}
+        inputs["attn_mask"][...] = 0.0
+        ref = EagerGraphs(whole)(name, inputs)
+        p1, p2 = split.graph(f"{name}_part1"), split.graph(f"{name}_part2")
+        assert [s.name for s in p2.inputs][:1] == ["residual"] and [s.name for s in p1.outputs][:1] == ["residual"]
+        assert {s.name for s in p1.outputs} | {s.name for s in p2.outputs} == {"residual"} | set(ref)
+        n1 = sum(x.numel() for x in p1.module.parameters())
+        n2 = sum(x.numel() for x in p2.module.parameters())
+        assert n1 + n2 == sum(x.numel() for x in g.module.parameters()) and 0 < n1 < n2
+        eager = EagerGraphs(split)
+        a = eager(f"{name}_part1", {k: v for k, v in inputs.items() if k in {s.name for s in p1.inputs}})
+        b = eager(f"{name}_part2", {"residual": a["residual"],
+                                    **{k: v for k, v in inputs.items() if k in {s.name for s in p2.inputs}}})
+        got = {**a, **b}
+        for k, v in ref.items():
+            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6, err_msg=f"{name} {k}")
+
+
+def test_talker_parts_default_by_size_and_checked(tmp_path):
+    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
+    d = ck.write_checkpoint(tmp_path / "ck", seed=5)
+    assert M.load(d, opts, tmp_path).talker_parts == 1          # tiny: far below TALKER_PART_BYTES
+    with pytest.raises(UsageError, match="--talker-parts must be 1 or 2"):
+        M.load(d, {**opts, "talker-parts": 3}, tmp_path)

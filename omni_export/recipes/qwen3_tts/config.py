@@ -204,3 +204,8 @@ def to_json(c: ModelConfig) -> dict:
     if c.speaker_encoder is not None:
         out["speaker_encoder_config"] = plain(c.speaker_encoder)
     return out
+
+
+def talker_split(layers: int) -> int:
+    """Layers in the first half of a split talker (--talker-parts 2); the second takes the rest."""
+    return (layers + 1) // 2

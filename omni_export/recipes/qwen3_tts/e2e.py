@@ -18,7 +18,8 @@ import numpy as np
 from ...parity.metrics import TIE_MARGIN
 
 CODE_AGREEMENT_MIN = 0.99
-E2E_GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "predictor_prefill", "predictor_decode",
+E2E_GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "talker_prefill_part1", "talker_prefill_part2",
+              "talker_decode_part1", "talker_decode_part2", "predictor_prefill", "predictor_decode",
               "predictor_frame", "code2wav")
 
 

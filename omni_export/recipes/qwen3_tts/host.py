@@ -88,6 +88,7 @@ class GenOptions:
     predictor: str = "frame"          # "frame": one fused graph per frame; "step": prefill + 14 steps
     prefill_tokens: int = 32
     context: int = 1024
+    talker_split: int = 0             # > 0: the talker runs as two graphs, layers [0, split) then the rest
 
 
 @dataclass
@@ -115,11 +116,22 @@ class Talker:
         emb = np.concatenate([ang, ang], axis=-1)
         return np.cos(emb)[None].astype(np.float32), np.sin(emb)[None].astype(np.float32)
 
-    def _past(self) -> dict:
+    def _past(self, layers: range) -> dict:
         d = {}
-        for i, (k, v) in enumerate(zip(self.k, self.v)):
-            d[f"past_key_{i}"], d[f"past_value_{i}"] = k, v
+        for i in layers:
+            d[f"past_key_{i}"], d[f"past_value_{i}"] = self.k[i], self.v[i]
         return d
+
+    def _call(self, name: str, x, cos, sin, mask) -> dict:
+        """One talker call: one graph, or a split talker's two halves with the residual stream
+        passed between them (their outputs merged: K/V keep global layer numbers)."""
+        rope = {"cos": cos, "sin": sin, "attn_mask": mask}
+        s, n = self.opts.talker_split, len(self.k)
+        if not s:
+            return self.graphs(name, {"inputs_embeds": x, **rope, **self._past(range(n))})
+        first = self.graphs(f"{name}_part1", {"inputs_embeds": x, **rope, **self._past(range(s))})
+        second = self.graphs(f"{name}_part2", {"residual": first["residual"], **rope, **self._past(range(s, n))})
+        return {**first, **second}
 
     def run(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Feed [n, Ht] rows at the next positions; returns logits [n, V] and hidden [n, Ht]."""
@@ -143,7 +155,7 @@ class Talker:
             mask[..., :self.pos] = 0.0
             causal = np.triu(np.full((block, block), MASK, np.float32), 1)
             mask[0, 0, :, self.opts.context:] = causal
-            out = self.graphs(name, {"inputs_embeds": x, "cos": cos, "sin": sin, "attn_mask": mask, **self._past()})
+            out = self._call(name, x, cos, sin, mask)
             for i in range(len(self.k)):
                 self.k[i][:, :, self.pos:self.pos + got] = out[f"new_key_{i}"][:, :, :got]
                 self.v[i][:, :, self.pos:self.pos + got] = out[f"new_value_{i}"][:, :, :got]

@@ -20,10 +20,15 @@ from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host, prompts
 from .recipe import RECIPE
+from .config import talker_split
 
 CALIBRATION_PER_GRAPH = 16
-HELDOUT_PER_GRAPH = {"talker_decode": 12, "predictor_prefill": 12, "predictor_decode": 12,
-                     "predictor_frame": 12, "code2wav": 2}
+HELDOUT_PER_GRAPH = {"talker_decode": 12, "talker_decode_part1": 12, "talker_decode_part2": 12,
+                     "predictor_prefill": 12, "predictor_decode": 12, "predictor_frame": 12, "code2wav": 2}
+# --talker-parts default: split the talker in two when its layers' fp16 weights pass this (1.7B:
+# 2.6 GiB; 0.6B: 0.8 GiB). HTP contexts have a size limit, and one 28-layer 1.7B talker context
+# binary held 11.2 GiB RssAnon in its compile (5.2 GiB for a 14-layer half).
+TALKER_PART_BYTES = 2 << 30
 HELDOUT_DEFAULT = 4
 CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
 CALIBRATION_SEED = 1000
@@ -80,7 +85,9 @@ class Qwen3TTS:
     # ---- geometry
     def sizes(self) -> dict:
         t, p, c = self.cfg.talker, self.cfg.predictor, self.speech.config
+        split = talker_split(t.num_hidden_layers)
         return {"Ht": t.hidden_size, "Tw": t.text_hidden_size, "Lt": t.num_hidden_layers,
+                "Lt1": split, "Lt2": t.num_hidden_layers - split,
                 "KVt": t.num_key_value_heads, "HDt": t.head_dim, "Vt": t.vocab_size,
                 "Lp": p.num_hidden_layers, "KVp": p.num_key_value_heads, "HDp": p.head_dim,
                 "V": p.vocab_size, "Q": p.num_code_groups, "P": int(self.options["prefill-tokens"]),
@@ -96,9 +103,26 @@ class Qwen3TTS:
         return int(self.options["chunk-frames"])
 
     def components(self) -> tuple[str, ...]:
-        """Components this checkpoint has (the speaker encoder only in Base checkpoints)."""
-        return tuple(c.name for c in RECIPE.components
-                     if c.name != "speaker_encoder" or self.cfg.speaker_encoder is not None)
+        """Components this checkpoint has (the speaker encoder only in Base checkpoints), with the
+        talker as one graph per call or two halves (`talker_parts`)."""
+        from .recipe import TALKER_PARTS
+
+        skip = {"talker_prefill", "talker_decode"} if self.talker_parts == 2 else set(TALKER_PARTS)
+        if self.cfg.speaker_encoder is None:
+            skip.add("speaker_encoder")
+        return tuple(c.name for c in RECIPE.components if c.name not in skip)
+
+    @cached_property
+    def talker_parts(self) -> int:
+        """1: each talker call is one graph; 2: two halves (--talker-parts; default by weight size)."""
+        given = self.options.get("talker-parts")
+        if given is None:
+            t = self.cfg.talker
+            per_layer = 2 * (t.hidden_size * (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
+                             + t.num_attention_heads * t.head_dim * t.hidden_size
+                             + 3 * t.hidden_size * t.intermediate_size)
+            return 2 if per_layer * t.num_hidden_layers > TALKER_PART_BYTES else 1
+        return int(given)
 
     @cached_property
     def tables(self) -> HostTables:
@@ -143,6 +167,8 @@ class Qwen3TTS:
             return tk.TextProjection(self.tensors)
         if component in ("talker_prefill", "talker_decode"):
             return tk.TalkerStep(self.cfg, self.tensors)
+        if component.startswith("talker_") and component[-6:-1] == "_part":
+            return tk.TalkerPart(self.cfg, self.tensors, int(component[-1]))
         if component == "predictor_prefill":
             return tk.PredictorPrefill(self._predictor_core)
         if component == "predictor_decode":
@@ -165,8 +191,9 @@ class Qwen3TTS:
 
     # ---- real inputs from the fp32 pipeline
     def gen_options(self, **kw) -> host.GenOptions:
+        split = talker_split(self.cfg.talker.num_hidden_layers) if self.talker_parts == 2 else 0
         return host.GenOptions(prefill_tokens=int(self.options["prefill-tokens"]),
-                               context=int(self.options["context-length"]), **kw)
+                               context=int(self.options["context-length"]), talker_split=split, **kw)
 
     def requests(self, which: str) -> list:
         from .prompt import Request
@@ -423,6 +450,8 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
         raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
     if not (isinstance(options.get("e2e-frames"), int) and options["e2e-frames"] >= 0):
         raise UsageError(f"--e2e-frames must be >= 0 (got {options.get('e2e-frames')}); 0 skips end-to-end parity")
+    if options.get("talker-parts") not in (None, 1, 2):
+        raise UsageError(f"--talker-parts must be 1 or 2 (got {options['talker-parts']})")
     if options.get("random-weights"):
         size = options.get("size") or "0.6b"
         if size not in ("0.6b", "1.7b"):
@@ -436,6 +465,9 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     demo = ck.demo_label(checkpoint)
     model = Qwen3TTS(checkpoint, demo, dict(options), demo_seed=ck.demo_seed(checkpoint) if demo else None)
     model.cfg = ck.read_model_config(checkpoint)
+    if model.talker_parts == 2 and model.cfg.talker.num_hidden_layers < 2:
+        raise UsageError(f"--talker-parts 2 needs a talker of 2 layers or more (this one has "
+                         f"{model.cfg.talker.num_hidden_layers})")
     model.speech = ck.load_speech_tokenizer(checkpoint)
     # Weights are read per component when its graph is built (weights.LazyTensors), not held for the run.
     model.tensors = ck.load_model_tensors(checkpoint, model.cfg, ("talker", "predictor", "speaker_encoder"))

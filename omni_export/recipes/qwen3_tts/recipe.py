@@ -1,9 +1,10 @@
 """Qwen3-TTS 12 Hz: the recipe page. Data only; the loader (model.py) is imported when a run starts.
 
 Shape symbols: Ht talker hidden, Tw text-embedding width, Lt / KVt / HDt talker layers, KV heads,
-head dim; Lp / KVp / HDp the same for the code predictor; V predictor vocab (2048), Vt talker codec
-vocab (3072), Q code groups (16); P prefill tokens, C context slots; L / N Code2Wav left-context and
-chunk frames, S samples per frame (1920); F speaker-encoder mel frames.
+head dim (Lt1 / Lt2: the layers of each half of a split talker, --talker-parts 2); Lp / KVp / HDp
+the same for the code predictor; V predictor vocab (2048), Vt talker codec vocab (3072), Q code
+groups (16); P prefill tokens, C context slots; L / N Code2Wav left-context and chunk frames, S
+samples per frame (1920); F speaker-encoder mel frames.
 
 Where embedding gathers run, and why: the text embedding table (151936 x 2048, 0.6 GB in bf16) stays
 on the host and only the gathered rows enter `text_projection`, so no NPU graph carries a table
@@ -17,23 +18,42 @@ F32, I32 = "float32", "int32"
 _LM_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
 
 
-def _kv(prefix: str, heads: str, slots: str, hd: str, layers: str, doc: str) -> tuple[T, T]:
-    return (T(f"{prefix}_key_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers),
-            T(f"{prefix}_value_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers))
+def _kv(prefix: str, heads: str, slots: str, hd: str, layers: str, doc: str, first: str | None = None) -> tuple[T, T]:
+    return (T(f"{prefix}_key_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers, repeat_from=first),
+            T(f"{prefix}_value_{{i}}", (1, heads, slots, hd), F32, doc, repeat=layers, repeat_from=first))
 
 
-def _talker(name: str, p: str, doc: str) -> Component:
+def _talker(name: str, p: str, doc: str, part: int = 0) -> Component:
+    """The talker graph over P tokens (`part` 0), or one of its two halves (`part` 1: layers
+    0..Lt1-1, embeddings in, residual stream out; `part` 2: layers Lt1..Lt-1, residual stream in,
+    final norm and codec head). Each half's K/V keep their global layer numbers."""
+    layers, first = {0: ("Lt", None), 1: ("Lt1", None), 2: ("Lt2", "Lt1")}[part]
+    x_in = (T("residual", (1, p, "Ht"), F32, "residual stream after the first half's layers") if part == 2 else
+            T("inputs_embeds", (1, p, "Ht"), F32, "summed input embeddings (host)"))
+    head = ((T("residual", (1, p, "Ht"), F32, "residual stream after layer Lt1-1 (the second half's input)"),)
+            if part == 1 else
+            (T("logits", (1, p, "Vt"), F32, "codec logits"),
+             T("hidden", (1, p, "Ht"), F32, "post-norm hidden state (the predictor's input)")))
     return Component(
         name=name, doc=doc,
-        inputs=(T("inputs_embeds", (1, p, "Ht"), F32, "summed input embeddings (host)"),
+        inputs=(x_in,
                 T("cos", (1, p, "HDt"), F32, "RoPE cos for these positions (host)"),
                 T("sin", (1, p, "HDt"), F32, "RoPE sin"),
                 T("attn_mask", (1, 1, p, f"C+{p}"), F32, "additive mask over [cache slots, new tokens]"),
-                *_kv("past", "KVt", "C", "HDt", "Lt", "cache slot per position; slots >= position are masked")),
-        outputs=(T("logits", (1, p, "Vt"), F32, "codec logits"),
-                 T("hidden", (1, p, "Ht"), F32, "post-norm hidden state (the predictor's input)"),
-                 *_kv("new", "KVt", p, "HDt", "Lt", "the new tokens' K/V only; the host writes them to the cache")),
-        gates_db=_LM_GATES, logits=("logits",), requires=("talker",))
+                *_kv("past", "KVt", "C", "HDt", layers, "cache slot per position; slots >= position are masked",
+                     first)),
+        outputs=(*head,
+                 *_kv("new", "KVt", p, "HDt", layers, "the new tokens' K/V only; the host writes them to the cache",
+                      first)),
+        gates_db=_LM_GATES, logits=() if part == 1 else ("logits",), requires=("talker",))
+
+
+# A talker split in two (--talker-parts 2, the default when its fp16 weights pass model.TALKER_PART_BYTES):
+# HTP contexts have a size limit (split big graphs), and compiling one 28-layer 1.7B talker context
+# binary held 11.2 GiB in the compiler.
+_HALF = {1: "first half of the talker's layers (embeddings in, residual stream out)",
+         2: "second half of the talker's layers, final norm and codec head"}
+TALKER_PARTS = tuple(f"talker_{k}_part{i}" for k in ("prefill", "decode") for i in (1, 2))
 
 
 COMPONENTS = (
@@ -44,6 +64,8 @@ COMPONENTS = (
         gates_db=_LM_GATES, requires=("talker",)),
     _talker("talker_prefill", "P", "talker over P prompt tokens with a C-slot KV cache"),
     _talker("talker_decode", 1, "talker, one token per 80 ms frame, C-slot KV cache"),
+    *(_talker(f"talker_prefill_part{i}", "P", f"talker_prefill, {_HALF[i]} (--talker-parts 2)", i) for i in (1, 2)),
+    *(_talker(f"talker_decode_part{i}", 1, f"talker_decode, {_HALF[i]} (--talker-parts 2)", i) for i in (1, 2)),
     Component(
         name="predictor_prefill", doc="code predictor on [past_hidden, emb(code0)] -> logits of code 1",
         inputs=(T("past_hidden", (1, 1, "Ht"), F32), T("code0", (1, 1), I32)),
@@ -102,10 +124,17 @@ RECIPE = Recipe(
     synth="omni_export.recipes.qwen3_tts.synth",
     # prefill and decode graphs of the same weights: one context binary each on AI Hub (link jobs)
     links=(LinkGroup("talker", ("talker_prefill", "talker_decode"), "the talker's prefill and per-frame step"),
+           *(LinkGroup(f"talker_part{i}", (f"talker_prefill_part{i}", f"talker_decode_part{i}"),
+                       f"the talker's prefill and step, {_HALF[i].split(' (')[0]}") for i in (1, 2)),
            LinkGroup("predictor", ("predictor_prefill", "predictor_decode"), "the code predictor's prefill and step")),
     options=(
         RecipeOption("prefill-tokens", int, 32, "talker_prefill: tokens per prefill call (P)"),
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames"),
+        RecipeOption("talker-parts", int, None,
+                     "talker graphs per call: 1 (one graph of all layers) or 2 (two halves, the residual "
+                     "stream passed between them: HTP contexts have a size limit, and a context binary of "
+                     "the whole 1.7B talker takes 11 GiB to compile); default: 2 when the talker's fp16 "
+                     "weights pass 2 GiB (1.7B), else 1", affects=("talker_prefill", "talker_decode", *TALKER_PARTS)),
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
                      affects=("code2wav",)),
         RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25). "
@@ -135,9 +164,11 @@ RECIPE = Recipe(
     realtime=RealTime(
         unit="frame", unit_ms=80.0,
         calls=(("talker_decode", "1"), ("predictor_frame", "1"), ("code2wav", "1/chunk_frames")),
-        alternatives={"predictor_frame": (("predictor_prefill", "1"), ("predictor_decode", "14"))},
+        alternatives={"predictor_frame": (("predictor_prefill", "1"), ("predictor_decode", "14")),
+                      "talker_decode": (("talker_decode_part1", "1"), ("talker_decode_part2", "1"))},
         doc="per 80 ms frame: one talker_decode, one predictor_frame (or its prefill + 14 steps); "
             "Code2Wav once per chunk of N frames",
-        call_names={"code2wav": "chunk", "talker_decode": "step", "predictor_frame": "frame",
+        call_names={"code2wav": "chunk", "talker_decode": "step", "talker_decode_part1": "step",
+                    "talker_decode_part2": "step", "predictor_frame": "frame",
                     "predictor_prefill": "prefill", "predictor_decode": "step"}),
 )

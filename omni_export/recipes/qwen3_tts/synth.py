@@ -133,6 +133,11 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
         raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not qwen3-tts")
     opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
     opts["random-weights"] = False
+    comps = m.get("components") or {}
+    if any(c.endswith("_part1") for c in comps):     # the talker as the build split it (--talker-parts)
+        opts["talker-parts"] = 2
+    elif "talker_decode" in comps or "talker_prefill" in comps:
+        opts["talker-parts"] = 1
     return opts, checkpoint or m["checkpoint"]["path"]
 
 

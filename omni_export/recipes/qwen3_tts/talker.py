@@ -10,6 +10,9 @@ Graphs (all static shapes; C = context slots, P = prefill tokens, V = 2048 predi
   talker_prefill   embeds [1,P,Ht], cos/sin [1,P,hd], mask [1,1,P,C+P], past K/V [1,kv,C,hd] x layers
                    -> logits [1,P,3072], hidden [1,P,Ht] (post-norm), new K/V [1,kv,P,hd] x layers
   talker_decode    the same with P = 1
+  talker_*_part1/2 a talker graph split in two halves (--talker-parts 2): part 1 takes the
+                   embeddings and the first half's K/V and returns the residual stream [1,P,Ht];
+                   part 2 takes it and the other K/V and returns logits and hidden
   predictor_prefill  past_hidden [1,1,Ht], code0 [1,1] -> logits [1,V], new K/V [1,kv,2,hd]
   predictor_decode   code [1,1], step [1] (1..14), past K/V [1,kv,17,hd] -> logits [1,V], new K/V [1,kv,1,hd]
   predictor_frame    past_hidden, code0, noise [1,Q-1,V] -> codes [1,Q-1], embedding [1,1,Ht],
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecoderGeometry, ModelConfig
+from .config import DecoderGeometry, ModelConfig, talker_split
 
 PREDICTOR_SLOTS = 17
 
@@ -129,12 +132,14 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Layers + final norm; returns (post-norm hidden, new keys, new values)."""
+    """Layers + final norm; returns (post-norm hidden, new keys, new values). `layers` < all of
+    them and `norm=False`: a slice of the stack (a split talker's half), returning the residual
+    stream un-normed."""
 
-    def __init__(self, g: DecoderGeometry):
+    def __init__(self, g: DecoderGeometry, layers: int | None = None, norm: bool = True):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(g) for _ in range(g.num_hidden_layers))
-        self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(g) for _ in range(g.num_hidden_layers if layers is None else layers))
+        self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps) if norm else None
 
     def forward(self, x, cos, sin, mask, past=None):
         keys, vals = [], []
@@ -143,19 +148,25 @@ class Decoder(nn.Module):
             x, k, v = layer(x, cos, sin, mask, pk, pv)
             keys.append(k)
             vals.append(v)
-        return self.norm(x), keys, vals
+        return (self.norm(x) if self.norm is not None else x), keys, vals
 
 
-def load_decoder(g: DecoderGeometry, tensors: dict, prefix: str) -> Decoder:
+def load_decoder(g: DecoderGeometry, tensors: dict, prefix: str, layers: range | None = None,
+                 norm: bool = True) -> Decoder:
     """Official names: {prefix}layers.{i}.self_attn.*, .mlp.{gate,up,down}_proj, norms; {prefix}norm.
     Built on the meta device and assigned the loaded tensors: no copy, no random init, and graphs
-    built from the same tensors (talker prefill and decode) share their weights in memory."""
+    built from the same tensors (talker prefill and decode) share their weights in memory.
+    `layers`: official layer numbers to load (default all); `norm`: load the final norm."""
+    layers = range(g.num_hidden_layers) if layers is None else layers
     with torch.device("meta"):
-        dec = Decoder(g)
+        dec = Decoder(g, len(layers), norm)
     state = {}
     for name, _ in dec.named_parameters():
         official = name.replace("gate_proj", "mlp.gate_proj").replace("up_proj", "mlp.up_proj") \
                        .replace("down_proj", "mlp.down_proj")
+        if official.startswith("layers."):
+            j, rest = official[len("layers."):].split(".", 1)
+            official = f"layers.{layers[int(j)]}.{rest}"
         state[name] = tensors[prefix + official]
     dec.load_state_dict(state, strict=True, assign=True)
     return dec
@@ -230,6 +241,29 @@ class TalkerStep(nn.Module):
 
     def forward(self, inputs_embeds, cos, sin, attn_mask, *past):
         hidden, keys, vals = self.decoder(inputs_embeds, cos, sin, attn_mask, past)
+        return (self.codec_head(hidden), hidden, *_interleave(keys, vals))
+
+
+class TalkerPart(nn.Module):
+    """One half of a split talker step (--talker-parts 2): part 1 runs layers 0..s-1 on the input
+    embeddings and returns the residual stream; part 2 runs layers s..L-1 on it, then the final
+    norm and the codec head. Part 1 then part 2 computes exactly what TalkerStep computes."""
+
+    def __init__(self, c: ModelConfig, tensors: dict, part: int):
+        super().__init__()
+        s, n = talker_split(c.talker.num_hidden_layers), c.talker.num_hidden_layers
+        self.part = part
+        self.decoder = load_decoder(c.talker, tensors, "talker.model.", range(0, s) if part == 1 else range(s, n),
+                                    norm=part == 2)
+        self.codec_head = _linear(tensors, "talker.codec_head.weight") if part == 2 else None
+
+    def executorch_variant(self) -> nn.Module:
+        return _XnnpackForms(self).eval()
+
+    def forward(self, x, cos, sin, attn_mask, *past):
+        hidden, keys, vals = self.decoder(x, cos, sin, attn_mask, past)
+        if self.codec_head is None:
+            return (hidden, *_interleave(keys, vals))
         return (self.codec_head(hidden), hidden, *_interleave(keys, vals))
 
 
