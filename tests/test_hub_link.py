@@ -139,3 +139,17 @@ def test_link_plan_leaves_out_a_group_with_a_member_missing():
     routes, left = link_plan([r], (LinkGroup("prefill+decode", ("prefill", "decode")),))
     assert routes == [] and left[0]["key"] == "link:prefill+decode/w8a16"
     assert "decode/dlc/w8a16" in left[0]["reason"]
+
+
+def test_a_split_talker_links_each_half_and_not_the_whole():
+    """--talker-parts 2: each half's prefill and decode DLCs link into one context binary; the
+    whole-talker group has no member built and is left out without a complaint."""
+    from omni_export.hub.routes import Route, link_plan
+    from omni_export.recipes import get_recipe
+
+    routes = [Route(f"{c}/dlc/fp16", "n", c, "dlc", "fp16", "qnn_dlc", "npu", "fp32", graph=c)
+              for c in ("talker_prefill_part1", "talker_decode_part1", "talker_prefill_part2", "talker_decode_part2")]
+    links, left = link_plan(routes, get_recipe("qwen3-tts").links)
+    assert sorted(lr.key for lr in links) == ["link:talker_part1/fp16", "link:talker_part2/fp16"]
+    assert left == []
+    assert {lr.key: lr.graphs for lr in links}["link:talker_part2/fp16"] == ("talker_prefill_part2", "talker_decode_part2")
