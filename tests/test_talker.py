@@ -337,3 +337,17 @@ def test_talker_parts_default_by_size_and_checked(tmp_path):
     assert M.load(d, opts, tmp_path).talker_parts == 1          # tiny: far below TALKER_PART_BYTES
     with pytest.raises(UsageError, match="--talker-parts must be 1 or 2"):
         M.load(d, {**opts, "talker-parts": 3}, tmp_path)
+
+
+def test_asking_for_the_whole_talker_of_a_split_checkpoint_names_its_halves():
+    from pathlib import Path
+
+    from omni_export.pipeline import RunOptions, plan
+    from omni_export.targets import get_target
+
+    available = ("text_projection", "talker_prefill_part1", "talker_prefill_part2", "talker_decode_part1",
+                 "talker_decode_part2", "code2wav")
+    with pytest.raises(UsageError, match=r"no talker_decode; .*split in two here: --components "
+                                         r"talker_decode_part1,talker_decode_part2, or --talker-parts 1"):
+        plan(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), Path("unused"),
+                        components=("talker_decode",)), available)
