@@ -335,6 +335,11 @@ def test_talker_parts_default_by_size_and_checked(tmp_path):
     opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
     d = ck.write_checkpoint(tmp_path / "ck", seed=5)
     assert M.load(d, opts, tmp_path).talker_parts == 1          # tiny: far below TALKER_PART_BYTES
+    from omni_export.recipes.qwen3_tts.demo import geometry
+
+    by_size = {size: M.Qwen3TTS(tmp_path, None, {}, cfg=geometry(size)).talker_parts for size in ("0.6b", "1.7b")}
+    assert by_size == {"0.6b": 1, "1.7b": 2}                    # published shapes: 0.8 / 2.6 GiB of fp16 layers
+    assert M.Qwen3TTS(tmp_path, None, {"talker-parts": 1}, cfg=geometry("1.7b")).talker_parts == 1
     with pytest.raises(UsageError, match="--talker-parts must be 1 or 2"):
         M.load(d, {**opts, "talker-parts": 3}, tmp_path)
 

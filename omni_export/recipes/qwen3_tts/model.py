@@ -19,8 +19,8 @@ from ...core import Graph, Samples, UsageError, resolve_specs
 from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host, prompts
-from .recipe import RECIPE
 from .config import talker_split
+from .recipe import RECIPE
 
 CALIBRATION_PER_GRAPH = 16
 HELDOUT_PER_GRAPH = {"talker_decode": 12, "talker_decode_part1": 12, "talker_decode_part2": 12,
