@@ -85,8 +85,8 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
         opts.recipe.component(c)
         if available is not None and c not in available:
             halves = [h for h in (f"{c}_part1", f"{c}_part2") if h in available]
-            hint = (f" ({c} is split in two here: --components {','.join(halves)}, or --talker-parts 1 "
-                    f"for one graph)" if halves else "")
+            hint = (f" ({c} is split in two here, as the recipe's options chose: --components "
+                    f"{','.join(halves)})" if halves else "")
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}{hint}")
     check_precisions(opts.target, opts.precisions or opts.target.default_precisions)
     for f in opts.formats:

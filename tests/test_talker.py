@@ -352,7 +352,7 @@ def test_asking_for_the_whole_talker_of_a_split_checkpoint_names_its_halves():
 
     available = ("text_projection", "talker_prefill_part1", "talker_prefill_part2", "talker_decode_part1",
                  "talker_decode_part2", "code2wav")
-    with pytest.raises(UsageError, match=r"no talker_decode; .*split in two here: --components "
-                                         r"talker_decode_part1,talker_decode_part2, or --talker-parts 1"):
+    with pytest.raises(UsageError, match=r"no talker_decode; .*split in two here, as the recipe's options chose: "
+                                         r"--components talker_decode_part1,talker_decode_part2\)"):
         plan(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), Path("unused"),
                         components=("talker_decode",)), available)

@@ -20,14 +20,14 @@ from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host, prompts
 from .config import talker_split
-from .recipe import RECIPE
+from .recipe import RECIPE, TALKER_PARTS
 
 CALIBRATION_PER_GRAPH = 16
 HELDOUT_PER_GRAPH = {"talker_decode": 12, "talker_decode_part1": 12, "talker_decode_part2": 12,
                      "predictor_prefill": 12, "predictor_decode": 12, "predictor_frame": 12, "code2wav": 2}
 # --talker-parts default: split the talker in two when its layers' fp16 weights pass this (1.7B:
 # 2.6 GiB; 0.6B: 0.8 GiB). HTP contexts have a size limit, and one 28-layer 1.7B talker context
-# binary held 11.2 GiB RssAnon in its compile (5.2 GiB for a 14-layer half).
+# binary held 11.2 GiB RssAnon in its compile, a 14-layer half 5.6 GiB (1.7B benchmark at 785c43e).
 TALKER_PART_BYTES = 2 << 30
 HELDOUT_DEFAULT = 4
 CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
@@ -105,8 +105,6 @@ class Qwen3TTS:
     def components(self) -> tuple[str, ...]:
         """Components this checkpoint has (the speaker encoder only in Base checkpoints), with the
         talker as one graph per call or two halves (`talker_parts`)."""
-        from .recipe import TALKER_PARTS
-
         skip = {"talker_prefill", "talker_decode"} if self.talker_parts == 2 else set(TALKER_PARTS)
         if self.cfg.speaker_encoder is None:
             skip.add("speaker_encoder")
@@ -167,7 +165,7 @@ class Qwen3TTS:
             return tk.TextProjection(self.tensors)
         if component in ("talker_prefill", "talker_decode"):
             return tk.TalkerStep(self.cfg, self.tensors)
-        if component.startswith("talker_") and component[-6:-1] == "_part":
+        if component in TALKER_PARTS:
             return tk.TalkerPart(self.cfg, self.tensors, int(component[-1]))
         if component == "predictor_prefill":
             return tk.PredictorPrefill(self._predictor_core)
@@ -271,7 +269,7 @@ class Qwen3TTS:
 
     def capture_key(self) -> str:
         from ...artifacts import captures
-        from .recipe import RECIPE
+        from .recipe import RECIPE, TALKER_PARTS
 
         return captures.key(recipe=[RECIPE.name, RECIPE.version], options=self.options,
                             checkpoint=captures.checkpoint_files(self.path, self.info.get("weights", [])))
@@ -442,7 +440,7 @@ def _first_line(e: Exception) -> str:
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed.
     Options not given take the recipe's defaults (as the CLI would)."""
-    from .recipe import RECIPE
+    from .recipe import RECIPE, TALKER_PARTS
 
     options = {**{o.name: o.default for o in RECIPE.options}, **options}
     left, chunk = options.get("left-context"), options.get("chunk-frames")
