@@ -107,6 +107,9 @@ def main():
     # (pytest keeps its own filters; --debug does not restore these, tracebacks do not need them)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from .quiet import quiet_library_logs
+
+    quiet_library_logs()
 
 
 @main.command("list")

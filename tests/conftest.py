@@ -31,11 +31,32 @@ def capture_cache_dir(tmp_path_factory) -> Path:
     return root
 
 
+def shared_once(tmp_path_factory, name: str, make) -> Path:
+    """`make(path)` once per test session, across the xdist workers: the first worker to ask makes it
+    under a file lock, the others wait and reuse it (a session fixture is otherwise made once per
+    worker; the fp16 build below took ~90 s on each). Read-only for the tests: copy before changing."""
+    import os
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        done = root / f"{name}.done"
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            make(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     from omni_export.recipes.qwen3_tts import checkpoint as ck
 
-    return ck.write_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
+    return shared_once(tmp_path_factory, "ckpt-tiny", lambda p: ck.write_checkpoint(p, seed=0))
 
 
 def run_cli(*args: str, check: bool = False, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -65,18 +86,21 @@ ALL_FORMATS_FP16 = ["qwen3-tts", "--target", "s25-htp", "--formats", "onnx,dlc,c
 
 @pytest.fixture(scope="session")
 def fp16_build(tmp_path_factory, tiny_checkpoint) -> Path:
-    out = tmp_path_factory.mktemp("fp16_build") / "out"
-    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True)
-    return out
+    return shared_once(tmp_path_factory, "fp16_build", lambda p: run_cli(
+        *ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(p), check=True))
 
 
 # The longest files first: with --dist loadfile each file runs on one worker, so a long file
 # scheduled last leaves the other worker idle (the last suite ended with ~5 minutes of one worker
 # alone). Measured durations of the slowest files, longest first; the rest keep their order.
 LONGEST_FIRST = ("test_crash.py", "test_qwen3_tts_build.py", "test_pipeline.py", "test_reproducibility.py",
-                 "test_cache.py", "test_verify.py", "test_minicpm_o.py", "test_spark.py", "test_hub.py")
+                 "test_cache.py", "test_minicpm_o.py", "test_spark.py", "test_hub.py")
+# ...and these last: they read a build another early file makes (shared_once), which is then done
+# instead of being waited for
+LAST = ("test_verify.py",)
 
 
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: in-file order kept
+    rank.update({name: len(LONGEST_FIRST) + 1 + i for i, name in enumerate(LAST)})
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))   # stable: in-file order kept

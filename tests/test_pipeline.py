@@ -288,6 +288,15 @@ def test_demo_summary_fits_one_screen_and_names_each_rejection(demo_run):
             assert f"`code2wav/{b['format']}/{b['precision']}`" in text and b["parity"]["reason"] in text
 
 
+def test_the_demo_progress_carries_no_library_chatter(demo_run):
+    """torchao's CUDA-kernel load failures, torch's pytree deprecation and ExecuTorch's Arm CPU probe
+    (omni_export/quiet.py) printed between the demo's progress lines; the .pte builds ran all three."""
+    proc, _ = demo_run
+    assert "lower pte w8a16" in proc.stderr and "score pte fp16 on executorch" in proc.stderr
+    for chatter in ("cpuinfo_utils.cpp", "Failed to load", "KernelPreference", "register_constant"):
+        assert chatter not in proc.stderr, chatter
+
+
 def test_summary_to_appends_the_report_for_the_ci_job_summary(demo_run):
     _, out = demo_run
     text = (out.parent / "summary.md").read_text()

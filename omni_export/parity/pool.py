@@ -15,7 +15,27 @@ from .runners import RunnerSpec, run_all
 
 
 def _job(spec: RunnerSpec, inputs: list[dict]) -> list[dict]:
-    return run_all(spec, inputs)
+    """One scoring run; with a stage log kept (OMNI_EXPORT_STAGE_LOG), a `job` line records where
+    the scoring time goes: open (session / compile) and run seconds per runner and file."""
+    import time
+
+    path = os.environ.get("OMNI_EXPORT_STAGE_LOG")
+    if not path:
+        return run_all(spec, inputs)
+    times: dict = {}
+    t0 = time.time()
+    ok = False
+    try:
+        out = run_all(spec, inputs, times)
+        ok = True
+        return out
+    finally:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "event": "job", "pid": os.getpid(), "runner": spec.short,
+                                "model": os.path.basename(spec.model), "samples": len(inputs), "ok": ok,
+                                "wall_s": round(time.time() - t0, 3), **times}) + "\n")
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:
@@ -50,8 +70,11 @@ def mark_process(role: str) -> None:
 
 def init_child(role: str) -> None:
     """Initializer of a spawned child doing one step of the build (a QNN compile, a quantization)."""
+    from ..quiet import quiet_library_logs
+
     exit_with_parent()
     mark_process(role)
+    quiet_library_logs()
 
 
 def _init_worker() -> None:
@@ -65,6 +88,9 @@ def _init_worker() -> None:
     # (unpickling exported programs) would otherwise reach the user's terminal on every job
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from ..quiet import quiet_library_logs
+
+    quiet_library_logs()
     import onnxruntime as ort
 
     ort.set_default_logger_severity(4)   # see qnn_ep._register

@@ -90,8 +90,11 @@ class ExecuTorchRunner(Runner):
         super().__init__(spec)
         from executorch.runtime import Runtime
 
+        from ..quiet import filtered_stderr
+
         self.program = Runtime.get().load_program(spec.model)
-        self.method = self.program.load_method("forward")
+        with filtered_stderr():      # XNNPACK's Arm-only CPU probe prints on first load here
+            self.method = self.program.load_method("forward")
 
     def run(self, inputs: dict) -> dict:
         import torch
@@ -137,12 +140,19 @@ def open_runner(spec: RunnerSpec, threads: int | None = None, lean: bool = False
     raise ValueError(f"unknown runner kind {spec.kind}")
 
 
-def run_all(spec: RunnerSpec, inputs: Sequence[dict]) -> list[dict]:
+def run_all(spec: RunnerSpec, inputs: Sequence[dict], times: dict | None = None) -> list[dict]:
+    """times: filled with open_s (loading / compiling the artifact) and run_s (every sample)."""
+    import time
+
+    t0 = time.time()
     runner = open_runner(spec)
+    t1 = time.time()
     try:
         return [runner.run(x) for x in inputs]
     finally:
         runner.close()
+        if times is not None:
+            times.update(open_s=round(t1 - t0, 3), run_s=round(time.time() - t1, 3))
 
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
