@@ -264,6 +264,7 @@ def run_monitored(command: list, *, cwd: Path, env: dict, logdir: Path, interval
     memory["cpu_by_role"] = cpu_by_role(sampler.cpu_by_pid, role_of)
     if stages.exists():
         memory["stages"] = stage_peaks(stages, sampler.timeline, sampler.t0_wall, sampler.per_process, role_of)
+        memory["scoring_jobs"] = scoring_jobs(stages)
     return Monitored(command, code, sig, wall, memory, out_path.read_text(errors="replace"),
                      err_path.read_text(errors="replace"), usage.ru_maxrss * 1024 if usage else None,
                      usage.ru_utime + usage.ru_stime if usage else None)
@@ -298,6 +299,26 @@ def process_roles(log: Path) -> dict:
     """pid -> role, from the `process` lines the build's children write to its stage log
     (omni_export.parity.pool.mark_process)."""
     return {e["pid"]: e["role"] for e in _events(log) if e.get("event") == "process"}
+
+
+def scoring_jobs(log: Path) -> dict:
+    """Where the scoring time went: per runner (ORT CPU, the HTP simulator, ExecuTorch), the jobs, the
+    held-out samples they ran, and their wall seconds opening the artifact and running the samples
+    (the `job` lines omni_export.parity.pool writes), largest first; plus the ten longest jobs."""
+    jobs = [e for e in _events(log) if e.get("event") == "job"]
+    out: dict = {}
+    for j in jobs:
+        r = out.setdefault(j["runner"], {"jobs": 0, "samples": 0, "open_s": 0.0, "run_s": 0.0, "failed": 0})
+        r["jobs"] += 1
+        r["samples"] += j.get("samples", 0)
+        r["open_s"] += j.get("open_s", 0.0)
+        r["run_s"] += j.get("run_s", 0.0)
+        r["failed"] += not j.get("ok", True)
+    by_runner = {k: {**v, "open_s": round(v["open_s"], 1), "run_s": round(v["run_s"], 1)}
+                 for k, v in sorted(out.items(), key=lambda kv: -(kv[1]["open_s"] + kv[1]["run_s"]))}
+    longest = sorted(jobs, key=lambda j: -j.get("wall_s", 0.0))[:10]
+    return {"by_runner": by_runner,
+            "longest": [{k: j.get(k) for k in ("runner", "model", "samples", "open_s", "run_s", "ok")} for j in longest]}
 
 
 def cpu_by_role(cpu_by_pid: dict, role_of) -> dict:

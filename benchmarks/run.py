@@ -179,6 +179,9 @@ def _print_build(d: dict, path: Path) -> None:
         print(f"CPU {p['cpu_s']:.0f} s: {p['mean_cores_busy']:.2f} of {p['cores']} cores busy on average")
     for r, c in list((m.get("cpu_by_role") or {}).items())[:6]:
         print(f"  {c['cpu_s']:8.1f} CPU s  {r.split(' (')[0]} ({c['processes']} process{'es' if c['processes'] != 1 else ''})")
+    for r, j in ((m.get("scoring_jobs") or {}).get("by_runner") or {}).items():
+        print(f"  {j['open_s'] + j['run_s']:8.1f} s scoring on {r}: {j['jobs']} jobs, {j['samples']} samples "
+              f"(open {j['open_s']:.1f} s, run {j['run_s']:.1f} s)")
     stages = m.get("stages", [])
     ranked = sorted((s for s in stages if s["peak_rss_anon_gib"] is not None), key=lambda s: -s["peak_rss_anon_gib"])
     for s in ranked[:6]:

@@ -106,6 +106,12 @@ def test_build_benchmark_records_manifest_timings_and_sizes(tmp_path):
     stages = {s["stage"]: s for s in d["process"]["memory"]["stages"]}
     lower = stages["code2wav: lower onnx fp16"]
     assert lower["wall_s"] > 0 and (lower["cores_busy"] is None or 0 <= lower["cores_busy"] <= d["process"]["cores"] + 0.5)
+    # the scoring run of the one build: its runner, samples and seconds (parity.pool's job line)
+    jobs = d["process"]["memory"]["scoring_jobs"]
+    assert set(jobs["by_runner"]) == {"ort-cpu"}
+    ort = jobs["by_runner"]["ort-cpu"]
+    assert ort["jobs"] == 1 and ort["samples"] == 2 and ort["failed"] == 0       # Code2Wav: 2 held-out chunks
+    assert jobs["longest"][0]["model"] == "qwen3-tts-code2wav-fp16-s25-htp.onnx" and jobs["longest"][0]["ok"]
     # the second, identical run into the same --out: every build served by the cache
     r = d["rebuild"]
     assert r["exit_code"] == 0 and r["builds"] == 1 and r["from_cache"] == 1 and r["wall_s"] > 0
