@@ -111,5 +111,11 @@ def test_end_to_end_with_no_runnable_row_skips_the_fp32_reference(cache, tmp_pat
     rows = e2e.run(model, tmp_path / "out", manifest, {"ort": ["fp16", "w8a16"]}, Progress())
     assert [(r["runner"], r["precision"], r["verdict"]) for r in rows] == [("ort", "fp16", "skipped"),
                                                                           ("ort", "w8a16", "skipped")]
-    assert all(r["reason"].startswith("no accepted text_projection, talker_prefill") for r in rows), rows
+    # code2wav was built and accepted; the graphs before it were not built at all (not "rejected")
+    fp16, w8a16 = (r["reason"] for r in rows)
+    assert fp16.startswith("text_projection, talker_prefill") and fp16.endswith("not built at fp16 in this run")
+    assert "code2wav" not in fp16 and "code2wav" in w8a16 and w8a16.endswith("not built at w8a16 in this run")
+    manifest["builds"].append({"component": "talker_decode", "format": "onnx", "precision": "fp16", "status": "rejected"})
+    rows = e2e.run(model, tmp_path / "out", manifest, {"ort": ["fp16"]}, Progress())
+    assert rows[0]["reason"].startswith("no accepted talker_decode build; text_projection, talker_prefill"), rows
     assert generated == [] and rows[0]["prompts"] == len(model.requests("heldout"))

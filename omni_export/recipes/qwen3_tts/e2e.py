@@ -36,6 +36,19 @@ def agreement(ref: np.ndarray, out: np.ndarray) -> tuple[float, int | None]:
     return float(eq.sum()) / ref.size, first
 
 
+def _why_skipped(manifest: dict, missing: list[str], precision: str) -> str:
+    """Why a row cannot run: graphs this run built at `precision` but rejected, and graphs it did not
+    build at that precision at all (a --components or --precision subset) -- the second is the
+    user's choice, not a finding about the model."""
+    built = {b["component"] for b in manifest.get("builds", []) if b.get("precision") == precision}
+    rejected = [g for g in missing if g in built]
+    absent = [g for g in missing if g not in built]
+    parts = [f"no accepted {', '.join(rejected)} build"] if rejected else []
+    if absent:
+        parts.append(f"{', '.join(absent)} not built at {precision} in this run")
+    return "; ".join(parts)
+
+
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     """runners: {runner kind (ort | htp | pte): precisions}; returns one row per (precision, runner)."""
     from .graphs import BuildGraphs, EagerGraphs
@@ -53,7 +66,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
         # reference pipeline (minutes and GBs at real size) is not computed.
         n = len(model.requests("heldout"))
         return [{"runner": runner, "precision": prec, "prompts": n, "threshold": CODE_AGREEMENT_MIN,
-                 "tie_margin": TIE_MARGIN, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"}
+                 "tie_margin": TIE_MARGIN, "verdict": "skipped", "reason": _why_skipped(manifest, missing, prec)}
                 for runner, prec, missing in plan]
     with progress.stage("end-to-end: fp32 reference pipeline on the held-out prompts"):
         eager = EagerGraphs(model)
@@ -72,7 +85,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                "frames": int(sum(len(r[0]) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
                "tie_margin": TIE_MARGIN}
         if missing:
-            rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
+            rows.append({**row, "verdict": "skipped", "reason": _why_skipped(manifest, missing, prec)})
             continue
         with progress.stage(f"end-to-end: held-out prompts through {prec} graphs on {runner}"):
             avail = available_bytes()
