@@ -233,7 +233,7 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
                      help="held-out samples each build scores on the slow runners (the HTP simulator; "
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
-                          "graphs past 256 MB of weights (the simulator takes 25 s per 0.6B talker step); "
+                          "graphs past 256 MB of weights (the simulator takes 44-100 s per 0.6B talker step); "
                           "0: all. ORT CPU always scores every held-out sample"),
         click.Option(["--htp-optimization"], type=click.Choice(list(qnn_ep.FINALIZE_MODES)),
                      default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
