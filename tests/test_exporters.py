@@ -252,6 +252,35 @@ def test_pte_int8_needs_calibration(traced, tmp_path):
         export_pte(traced.module, traced.example, tmp_path / "m.pte", Precision.W8A8, ())
 
 
+class _IntStep(torch.nn.Module):
+    """An int32 step counter advanced by a scalar, as the Qwen3-TTS predictor decode step does, next to
+    float layers the quantizer does quantize."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(8, 32)
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, step, x):
+        nxt = step + 1                          # XNNPACKQuantizer made this scalar a float tensor
+        return self.proj(x + self.table(nxt)), nxt * 2
+
+
+def test_pte_w8a8_keeps_integer_arithmetic_integer(tmp_path):
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    m = _IntStep().eval()
+    calib = [(torch.tensor([i % 6], dtype=torch.int32), torch.randn(1, 32)) for i in range(8)]
+    export_pte(m, calib[0], tmp_path / "m.pte", Precision.W8A8, calib)
+    method = Runtime.get().load_program(str(tmp_path / "m.pte")).load_method("forward")
+    for step, x in calib[:3]:
+        y, nxt = method.execute([step, x])
+        ref_y, ref_nxt = m(step, x)
+        assert nxt.dtype == torch.int32 and torch.equal(nxt, ref_nxt)       # exact, still int32
+        assert 10 * torch.log10(ref_y.pow(2).sum() / (y - ref_y).pow(2).sum()) > 15   # and quantized, close
+
+
 def test_pte_w8a16_stores_int8_weights(tmp_path):
     m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).eval()
     x = (torch.randn(1, 4, 256),)

@@ -371,6 +371,35 @@ def _copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     return out.to(dtype) if dtype is not None else out
 
 
+def _int_safe(quantizer_cls):
+    """The quantizer, except that integer add / mul keep their scalar operands. XNNPACKQuantizer's
+    transform_for_annotation turns every scalar operand of add / mul into a float tensor constant,
+    integer ones too: the Qwen3-TTS predictor decode step's int32 `step + 1` became float and its
+    w8a8 .pte failed calibration ("Tensor dtype mismatch! Expected: Int, Got: float")."""
+
+    class IntSafe(quantizer_cls):
+        def transform_for_annotation(self, model):
+            kept = []
+            for n in model.graph.nodes:
+                val = n.meta.get("val")
+                if (n.op == "call_function" and n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+                        and isinstance(val, torch.Tensor) and not val.dtype.is_floating_point):
+                    kept.append((n, n.target))
+                    n.target = _hidden_from_annotation
+            try:
+                return super().transform_for_annotation(model)
+            finally:
+                for n, target in kept:
+                    n.target = target
+
+    IntSafe.__name__ = IntSafe.__qualname__ = f"IntSafe{quantizer_cls.__name__}"
+    return IntSafe
+
+
+def _hidden_from_annotation(*args, **kwargs):     # a stand-in target, never called
+    raise AssertionError("a node hidden from the quantizer's annotation transform was run")
+
+
 def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, precision: Precision,
                calibration: Sequence[Sequence[torch.Tensor]] = (), weight_rounding: str = "nearest") -> dict:
     """Write a .pte; returns details for the manifest. Quantized builds need calibration args.
@@ -428,7 +457,7 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
             XNNPACKQuantizer, get_symmetric_quantization_config)
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        quantizer = _int_safe(XNNPACKQuantizer)().set_global(get_symmetric_quantization_config(is_per_channel=True))
         prepared = prepare_pt2e(torch.export.export(module, example).module(), quantizer)
         with torch.no_grad():
             for args in _spread(calibration, PT2E_CALIBRATION_CALLS):
