@@ -144,6 +144,17 @@ def test_markdown_fits_one_screen_and_names_every_rejected_build_with_its_reason
     assert "demo, random weights" in text and "w8a16 `decoder.out` 35.0 dB" in text
 
 
+def test_markdown_says_a_reason_for_several_skipped_precisions_once():
+    m = demo_like()
+    why = "one XNNPACK partition of ~7500 nodes"
+    m["skipped"] = [{"component": "predictor_frame", "format": "pte", "precision": p, "reason": why}
+                    for p in ("fp32", "fp16", "w8a8")] + [
+        {"component": "code2wav", "format": "dlc", "precision": "fp32", "reason": "the HTP runs no fp32"}]
+    line = next(t for t in summary(m).splitlines() if t.startswith("Not built: "))
+    assert line == (f"Not built: predictor_frame pte fp32, fp16, w8a8 ({why}); "
+                    "code2wav dlc fp32 (the HTP runs no fp32)")
+
+
 def test_markdown_says_exit_3_and_shows_regated_verdicts():
     m = demo_like()
     text = summary(m, regate(m, {"fp16": 60.0}))

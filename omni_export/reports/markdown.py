@@ -26,8 +26,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += _end_to_end(m)
     lines += hub.markdown(m)
     if m.get("skipped"):
-        lines += ["", "Not built: " + "; ".join(f"{s['component']} {s['format']} {s['precision']} ({s['reason']})"
-                                                for s in m["skipped"])]
+        lines += ["", "Not built: " + "; ".join(_skipped_groups(m["skipped"]))]
     accepted = sum(r.accepted for r in rows)
     reused = sum(bool((b.get("cache") or {}).get("hit")) for b in m.get("builds", []))
     cached = f" ({reused} unchanged, reused from the build cache)" if reused else ""
@@ -151,3 +150,12 @@ def diff_summary(result: dict, a: str, b: str) -> str:
 def _short(value) -> str:
     text = str(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _skipped_groups(skipped: list[dict]) -> list[str]:
+    """One entry per component, format and reason, its precisions joined: the same reason for the
+    fp32, fp16 and w8a16 builds of a graph is said once."""
+    groups: dict = {}
+    for s in skipped:
+        groups.setdefault((s["component"], s["format"], s["reason"]), []).append(s["precision"])
+    return [f"{c} {f} {', '.join(p)} ({reason})" for (c, f, reason), p in groups.items()]
