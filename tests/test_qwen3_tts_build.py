@@ -120,3 +120,27 @@ def test_built_graphs_under_a_session_budget_close_the_least_recently_used(build
     finally:
         free.close()
         tight.close()
+
+
+def test_synth_falls_back_to_the_step_graphs_when_the_build_has_no_frame_graph(build, tmp_path):
+    """A --target cpu build has no predictor_frame .pte (opt in): synth on it used to stop with "no
+    usable 'predictor_frame' graph"; it now runs the predictor's step graphs and says so."""
+    import shutil
+
+    _, out = build
+    copy = tmp_path / "b"
+    shutil.copytree(out, copy, symlinks=True)
+    m = read_manifest(copy)
+    m["builds"] = [b for b in m["builds"] if b["component"] != "predictor_frame"]
+    del m["components"]["predictor_frame"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    args = ("synth", "qwen3-tts", "--build", str(copy), "--runner", "ort", "--text", "Hi there.", "--greedy",
+            "--max-frames", "4", "--json")
+    proc = run_cli(*args, "--codes-out", str(tmp_path / "s.npy"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["predictor"] == "step"
+    full = run_cli("synth", "qwen3-tts", "--build", str(out), *args[4:], "--codes-out", str(tmp_path / "f.npy"))
+    assert full.returncode == 0 and json.loads(full.stdout)["predictor"] == "frame"
+    assert (np.load(tmp_path / "s.npy") == np.load(tmp_path / "f.npy")).all()     # same codes either way
+    proc = run_cli(*args, "--predictor", "frame")                                  # asked for: a clear error
+    assert proc.returncode == 2 and "no usable 'predictor_frame' graph" in proc.stderr

@@ -65,8 +65,9 @@ def options() -> list:
         o(["--repetition-penalty"], type=float, default=None),
         o(["--sub-temperature"], type=float, default=None, help="code predictor temperature"),
         o(["--sub-top-k"], type=int, default=None, help="code predictor top-k"),
-        o(["--predictor"], type=click.Choice(["frame", "step"]), default="frame", show_default=True,
-          help="fused frame graph (1 call per frame) or the step graphs (15 calls)"),
+        o(["--predictor"], type=click.Choice(["frame", "step"]), default=None,
+          help="fused frame graph (1 call per frame) or the step graphs (15 calls); default: the frame "
+               "graph, or the step graphs when the build has no frame graph for --runner (its .pte is opt-in)"),
         o(["--codes"], type=click.Path(exists=True, dir_okay=False), default=None,
           help="decode these codes [frames, 16] (.npy) instead of generating"),
         o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [frames, 16] (.npy)"),
@@ -99,6 +100,8 @@ def _run(model, build, kw) -> dict:
             gen = None
         else:
             req = _request(model, graphs, kw)
+            if build and not kw.get("predictor"):
+                kw = {**kw, "predictor": "frame" if "predictor_frame" in graphs.specs else "step"}
             gen_kw = _gen_kwargs(model, kw)
             gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False)
             codes = gen.codes
@@ -114,6 +117,7 @@ def _run(model, build, kw) -> dict:
     return {"frames": int(len(codes)), "seconds": round(len(wav) / model.speech.sample_rate, 3),
             "stopped": gen.stopped if gen else "decoded given codes", "graphs": where,
             "checkpoint": str(model.path), "label": model.info["label"],
+            **({"predictor": kw.get("predictor") or "frame"} if gen else {}),
             "codes_out": kw.get("codes_out"), "wav": kw.get("wav")}
 
 
