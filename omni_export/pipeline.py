@@ -24,8 +24,9 @@ MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
 # Graphs past HEAVY_BYTES of weights (real-size language models) are scored on SLOW_SAMPLES
 # held-out samples on the slow runners -- the HTP simulator (a 0.6B talker step: 44 s at fp16 alone,
-# 60 s fp16 / 100 s w8a16 beside a build's lowering; QNN's finalization mode 2 runs no faster) and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them
-# elsewhere (ORT CPU scores the same QDQ / fp16 graph on every sample). --sim-samples overrides.
+# 60 s fp16 / 100 s w8a16 beside a build's lowering; QNN's finalization mode 2 runs no faster) and
+# ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them elsewhere (ORT CPU scores the
+# same QDQ / fp16 graph on every sample). --sim-samples overrides.
 HEAVY_BYTES = 256 << 20
 SLOW_SAMPLES = 2
 

@@ -269,7 +269,6 @@ class Qwen3TTS:
 
     def capture_key(self) -> str:
         from ...artifacts import captures
-        from .recipe import RECIPE, TALKER_PARTS
 
         return captures.key(recipe=[RECIPE.name, RECIPE.version], options=self.options,
                             checkpoint=captures.checkpoint_files(self.path, self.info.get("weights", [])))
@@ -440,8 +439,6 @@ def _first_line(e: Exception) -> str:
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed.
     Options not given take the recipe's defaults (as the CLI would)."""
-    from .recipe import RECIPE, TALKER_PARTS
-
     options = {**{o.name: o.default for o in RECIPE.options}, **options}
     left, chunk = options.get("left-context"), options.get("chunk-frames")
     if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
