@@ -29,21 +29,29 @@ class _Console:
         from rich.console import Console
 
         self.quiet = quiet
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)   # a log keeps whole lines
 
     @contextlib.contextmanager
     def stage(self, text: str):
+        from rich.markup import escape
+
+        from .pipeline import StageNote
+
+        note = StageNote()
         if self.quiet:
-            yield
+            yield note
             return
         t0 = time.time()
         with self.console.status(text):
             try:
-                yield
+                yield note
             except BaseException:
                 self.console.print(f"[red]✗[/red] {text} ({time.time() - t0:.1f}s)")
                 raise
-        self.console.print(f"[green]✓[/green] {text} [dim]({time.time() - t0:.1f}s)[/dim]")
+        found = f": {escape(note.text)}" if note.text else ""
+        took = f"ran {note.seconds:.1f}s" if note.seconds is not None else f"{time.time() - t0:.1f}s"
+        mark = "[yellow]✗[/yellow]" if note.failed else "[green]✓[/green]"
+        self.console.print(f"{mark} {text}{found} [dim]({took})[/dim]")
 
     def note(self, text: str) -> None:
         if not self.quiet:

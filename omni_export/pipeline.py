@@ -58,12 +58,24 @@ class Plan:
     skipped: list[dict]
 
 
+class StageNote:
+    """Set inside a stage, shown on its line when it ends: what it found (`text`, e.g. a build's
+    verdict) and, for a stage that only waited on work done elsewhere (a scoring job in a worker),
+    that work's own `seconds` instead of the wait."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.failed = False          # what it found is a failure (a rejected build), not an error of the stage
+        self.seconds: float | None = None
+
+
 class Progress:
-    """Stage reporting; the CLI swaps in a rich console, tests keep this silent one."""
+    """Stage reporting; the CLI swaps in a rich console, tests keep this silent one. A stage yields
+    a StageNote (or None, for reporters that show no results)."""
 
     @contextlib.contextmanager
-    def stage(self, text: str) -> Iterator[None]:
-        yield
+    def stage(self, text: str) -> Iterator[StageNote | None]:
+        yield StageNote()
 
     def note(self, text: str) -> None:
         pass
@@ -165,11 +177,11 @@ class StageLog(Progress):
             f.write(json.dumps({"t": time.time(), "event": event, "stage": text}) + "\n")
 
     @contextlib.contextmanager
-    def stage(self, text: str) -> Iterator[None]:
+    def stage(self, text: str) -> Iterator[StageNote | None]:
         self._log("start", text)
         try:
-            with self.inner.stage(text):
-                yield
+            with self.inner.stage(text) as note:
+                yield note
         finally:
             self._log("end", text)
 
@@ -184,10 +196,10 @@ class _InterruptPoints(Progress):
         self.inner = inner
 
     @contextlib.contextmanager
-    def stage(self, text: str) -> Iterator[None]:
+    def stage(self, text: str) -> Iterator[StageNote | None]:
         interrupt_point()
-        with self.inner.stage(text):
-            yield
+        with self.inner.stage(text) as note:
+            yield note
         interrupt_point()
 
     def note(self, text: str) -> None:
@@ -590,20 +602,29 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
     if p.error:
         return _failed(entry, p.threshold, p.error, p.t_lower)
     runner = p.built.runner
-    try:
-        with progress.stage(f"{p.spec.component}: score {p.spec.format.value} {p.spec.precision.value} "
-                            f"on {runner.short}"):
+    error = verdict = None
+    with progress.stage(f"{p.spec.component}: score {p.spec.format.value} {p.spec.precision.value} "
+                        f"on {runner.short}") as note:
+        try:
             outputs = p.future.result()
             if entry.pop("shared_run", False) and p.spec.format != Format.DLC:
                 # still prove this artifact loads on its runtime (a DLC's runner compiles its source
                 # ONNX, which the context binary's compile already did)
                 open_runner(runner).close()
-    except Exception as e:
+        except Exception as e:
+            error = f"runner failed: {_short(e)}"
+        else:
+            reference = traced.reference if p.samples is None else [traced.reference[i] for i in p.samples]
+            scores = score_outputs(traced.output_names, reference, outputs, traced.logits, component.tie_margins)
+            verdict = judge(scores, p.threshold, component.gated_outputs, agreement_min=component.agreement_min)
+        if note is not None:         # the verdict on the stage's line, with the job's own seconds
+            note.text = error or _headline(verdict, component.gated_outputs) + (
+                f" — shares the {entry['outputs_from']}'s run" if "outputs_from" in entry else "")
+            note.failed = error is not None or not verdict.accepted
+            note.seconds = None if error else getattr(outputs, "wall_s", None)
+    if error:
         store.commit(p.built.files, accepted=False)
-        return _failed(entry, p.threshold, f"runner failed: {_short(e)}", p.t_lower, runner=runner.to_json())
-    reference = traced.reference if p.samples is None else [traced.reference[i] for i in p.samples]
-    scores = score_outputs(traced.output_names, reference, outputs, traced.logits, component.tie_margins)
-    verdict = judge(scores, p.threshold, component.gated_outputs, agreement_min=component.agreement_min)
+        return _failed(entry, p.threshold, error, p.t_lower, runner=runner.to_json())
     records = store.commit(p.built.files, verdict.accepted)
     parity = _parity(verdict, runner)
     parity["samples"] = len(reference)
@@ -621,6 +642,15 @@ def _finish_build(p: _Pending, traced, component, store: Store, progress) -> dic
         "timings": {"lower_s": round(p.t_lower, 3), "run_wait_s": round(time.time() - p.t_submit, 3)},
     })
     return entry
+
+
+def _headline(verdict: Verdict, gated) -> str:
+    """A verdict in a few words: `41.2 dB, accepted` (the lowest gated SNR) or `rejected: <reason>`."""
+    snrs = [s.snr_db for s in verdict.scores
+            if (not gated or s.name in gated) and s.agreement is None and s.finite]
+    if verdict.accepted and snrs:
+        return f"{min(snrs):.1f} dB, accepted"
+    return f"{verdict.status}: {verdict.reason}"
 
 
 def _parity(verdict: Verdict, runner) -> dict:

@@ -453,3 +453,41 @@ def test_click_usage_errors_are_one_line_too():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("omni-export: error: Invalid value for '--left-context': 'many' is not a "
                                    "valid integer.")
+
+
+def test_synth_names_why_a_build_has_no_graph_to_run(tmp_path):
+    """`synth --build OUT --runner R [--precision P]` on a build without a runnable graph says which:
+    rejected (with the gate's reason), not built at that precision, or a format the target never
+    builds -- and what in this build would run instead."""
+    from omni_export.core import UsageError
+    from omni_export.recipes.qwen3_tts.graphs import BuildGraphs
+
+    def build(fmt, prec, status, reason=None):
+        return {"component": "prefill", "format": fmt, "precision": prec, "status": status,
+                "files": [{"path": f"x-{prec}.{fmt}", "bytes": 1}],
+                "parity": {"reason": reason or "min 50.0 dB >= gate 40 dB"}}
+
+    m = {"target": {"name": "cpu", "soc_model": None, "htp_arch": None}, "options": {},
+         "components": {"prefill": {"inputs": [{"name": "ids"}], "outputs": [{"name": "logits"}]}},
+         "builds": [build("onnx", "fp32", "accepted"), build("onnx", "fp16", "accepted"),
+                    build("pte", "fp16", "accepted"),
+                    build("pte", "w8a8", "rejected", "output 'hidden' 14.8 dB < gate 30 dB")]}
+
+    def message(runner, precision=None, graph="prefill"):
+        with pytest.raises(UsageError) as e:
+            BuildGraphs(tmp_path, runner, precision, manifest=m)(graph, {})
+        return str(e.value)
+
+    assert message("pte", "w8a8") == (
+        "the build has no usable 'prefill' graph for --runner pte: pte w8a8 rejected (output 'hidden' 14.8 dB "
+        "< gate 30 dB); accepted pte precisions: fp16 (--precision fp16); runners with an accepted 'prefill' "
+        "here: --runner ort")
+    assert message("ort", "w8a16") == (
+        "the build has no usable 'prefill' graph for --runner ort: no onnx build of it at w8a16; accepted onnx "
+        "precisions: fp32, fp16 (--precision fp32); runners with an accepted 'prefill' here: --runner pte")
+    assert message("htp") == (
+        "the build has no usable 'prefill' graph for --runner htp: the build made no ctx build of it (target "
+        "cpu, formats onnx, pte); runners with an accepted 'prefill' here: --runner ort, --runner pte")
+    assert message("ort", graph="decode") == (
+        "the build has no usable 'decode' graph for --runner ort: it did not build that component (it built "
+        "prefill); rebuild with it in --components")

@@ -297,6 +297,27 @@ def test_the_demo_progress_carries_no_library_chatter(demo_run):
         assert chatter not in proc.stderr, chatter
 
 
+def test_each_score_line_says_the_builds_verdict(demo_run):
+    """The progress line of a scoring stage ends with what the gate found (the lowest gated SNR of an
+    accepted build, the reason of a rejected one, marked ✗) and the scoring job's own seconds, not the
+    wait for it; the same figures as the manifest."""
+    proc, out = demo_run
+    lines = [ln for ln in proc.stderr.splitlines() if ": score " in ln]
+    builds = read_manifest(out)["builds"]
+    assert len(lines) == len(builds) and any(b["status"] == "rejected" for b in builds)
+    for b in builds:
+        head = f"code2wav: score {b['format']} {b['precision']} on "
+        line = next(ln for ln in lines if head in ln)
+        if b["status"] == "accepted":
+            worst = min(o["snr_db"] for o in b["parity"]["outputs"] if o["snr_db"] is not None)
+            assert line.startswith("✓") and f"{worst:.1f} dB, accepted" in line, line
+        else:
+            said = line.split("rejected: ", 1)[1].rsplit(" (ran ", 1)[0].split(" — shares ")[0]
+            # the manifest's reason may go on with what per-block attribution found later
+            assert line.startswith("✗") and b["parity"]["reason"].startswith(said) and " dB < gate " in said, line
+        assert "(ran " in line, line
+
+
 def test_summary_to_appends_the_report_for_the_ci_job_summary(demo_run):
     _, out = demo_run
     text = (out.parent / "summary.md").read_text()

@@ -14,28 +14,36 @@ import os
 from .runners import RunnerSpec, run_all
 
 
-def _job(spec: RunnerSpec, inputs: list[dict]) -> list[dict]:
+class Outputs(list):
+    """A scoring job's outputs, one dict per sample, with the job's own seconds (`wall_s`: opening
+    the artifact and running every sample), which a caller waiting on the job cannot see."""
+
+    def __init__(self, items=(), wall_s: float | None = None):
+        super().__init__(items)
+        self.wall_s = wall_s
+
+
+def _job(spec: RunnerSpec, inputs: list[dict]) -> Outputs:
     """One scoring run; with a stage log kept (OMNI_EXPORT_STAGE_LOG), a `job` line records where
     the scoring time goes: open (session / compile) and run seconds per runner and file."""
     import time
 
     path = os.environ.get("OMNI_EXPORT_STAGE_LOG")
-    if not path:
-        return run_all(spec, inputs)
     times: dict = {}
     t0 = time.time()
     ok = False
     try:
-        out = run_all(spec, inputs, times)
+        out = Outputs(run_all(spec, inputs, times), wall_s=round(time.time() - t0, 3))
         ok = True
         return out
     finally:
-        import json
+        if path:
+            import json
 
-        with open(path, "a") as f:
-            f.write(json.dumps({"t": time.time(), "event": "job", "pid": os.getpid(), "runner": spec.short,
-                                "model": os.path.basename(spec.model), "samples": len(inputs), "ok": ok,
-                                "wall_s": round(time.time() - t0, 3), **times}) + "\n")
+            with open(path, "a") as f:
+                f.write(json.dumps({"t": time.time(), "event": "job", "pid": os.getpid(), "runner": spec.short,
+                                    "model": os.path.basename(spec.model), "samples": len(inputs), "ok": ok,
+                                    "wall_s": round(time.time() - t0, 3), **times}) + "\n")
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:

@@ -69,6 +69,7 @@ class BuildGraphs:
         if runner not in RUNNER_FORMATS:
             raise UsageError(f"unknown runner '{runner}'; valid: {', '.join(RUNNER_FORMATS)}")
         m = manifest or self._read(Path(out))
+        self._m, self.runner, self._asked = m, runner, precision
         fmt = RUNNER_FORMATS[runner][0]
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
                                                      key=PRECISION_ORDER.index)
@@ -108,8 +109,7 @@ class BuildGraphs:
         from ...parity.runners import open_runner
 
         if name not in self.specs:
-            raise UsageError(f"the build has no usable '{name}' graph for this runner; build it or choose "
-                             f"another --runner")
+            raise UsageError(self.why_missing(name))
         if name not in self._runners:
             self._make_room(name)
             self._runners[name] = open_runner(self.specs[name], lean=self.lean)
@@ -119,6 +119,37 @@ class BuildGraphs:
         runner = self._runners.pop(name)         # most recently used last
         self._runners[name] = runner
         return runner.run(inputs)
+
+    def why_missing(self, name: str) -> str:
+        """Why graph `name` has no build to run here, and what would run: the other precisions or
+        runners of this build that have an accepted one."""
+        m, runner = self._m, self.runner
+        fmt = RUNNER_FORMATS[runner][0]
+        head = f"the build has no usable '{name}' graph for --runner {runner}"
+        if name not in m["components"]:
+            return (f"{head}: it did not build that component (it built {', '.join(m['components'])}); "
+                    f"rebuild with it in --components")
+        mine = [b for b in m["builds"] if b["component"] == name and b["format"] == fmt]
+        usable = [r for r in RUNNER_FORMATS if r != runner and
+                  any(placed_build(m, name, r, p) for p in PRECISION_ORDER)]
+        elsewhere = (f"; runners with an accepted '{name}' here: "
+                     + ", ".join(f"--runner {r}" for r in usable)) if usable else ""
+        if not mine:
+            formats = sorted({b["format"] for b in m["builds"]})
+            return (f"{head}: the build made no {fmt} build of it (target {m['target']['name']}, formats "
+                    f"{', '.join(formats) or 'none'}){elsewhere}")
+        asked = [b for b in mine if b["precision"] == self._asked] if self._asked else mine
+        accepted = sorted({b["precision"] for b in mine if b["status"] == "accepted" and b["files"]},
+                          key=PRECISION_ORDER.index)
+        if self._asked and not asked:
+            what = f"no {fmt} build of it at {self._asked}"
+        else:
+            what = "; ".join(f"{fmt} {b['precision']} {b['status']}"
+                             + (f" ({b['parity']['reason']})" if (b.get("parity") or {}).get("reason") else "")
+                             for b in sorted(asked, key=lambda b: PRECISION_ORDER.index(b["precision"])))
+        fix = (f"; accepted {fmt} precisions: {', '.join(accepted)} (--precision {accepted[0]})"
+               if accepted and self._asked else "")
+        return f"{head}: {what}{fix}{elsewhere}"
 
     def _make_room(self, name: str) -> None:
         if self.max_open_bytes is None:
