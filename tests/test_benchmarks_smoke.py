@@ -59,10 +59,16 @@ def test_runtime_benchmark_on_the_demo_checkpoint(tmp_path):
     assert d["threads"]["executorch_xnnpack"] == 1
     talker = d["cases"]["talker"]
     assert talker["exports"]["ort"]["session_threads"]["intra_op"] == 1
-    for name in ("ort-cpu fp32 (ONNX)", "torch eager fp32", "memory read", "bandwidth floor (weights)"):
+    reads = ("memory read (torch.mv)", "memory read (np.max)")
+    for name in ("ort-cpu fp32 (ONNX)", "torch eager fp32", *reads, "bandwidth floor (weights)"):
         check_arm(talker["arms"][name], 3)
-    assert talker["arms"]["memory read"]["unit"] == "GB/s" and talker["arms"]["memory read"]["better"] == "higher"
+    for name in reads:
+        assert talker["arms"][name]["unit"] == "GB/s" and talker["arms"][name]["better"] == "higher"
     assert talker["weight_bytes"] > 0 and talker["kv_cache_bytes_read"] > 0
+    # each pass's floor: the weights at the faster read rate of that pass
+    rates = zip(*(talker["arms"][name]["per_pass"] for name in reads))
+    for floor_ms, pair in zip(talker["arms"]["bandwidth floor (weights)"]["per_pass"], rates):
+        assert floor_ms == pytest.approx(talker["weight_bytes"] / (max(pair) * 1e9) * 1e3, rel=1e-3)
     assert talker["floor_meaningful"] is False          # the demo's weights fit in the caches
     orders = talker["pass_orders"]
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])       # rotated, all arms
