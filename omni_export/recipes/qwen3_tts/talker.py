@@ -31,12 +31,12 @@ PREDICTOR_SLOTS = 17
 
 
 class _Xnnpack:
-    """While an ExecuTorch program is traced through `_XnnpackForms`, three ops are written in forms
-    XNNPACK delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only
-    averages 4-D inputs over the last two dims), grouped-query attention by folding the query
-    groups into rows instead of repeating K/V (repeat_interleave lowers to expand_copy, which
-    XNNPACK does not take), and SiLU as x * sigmoid(x) (F.silu on fp16 decomposes to an fp32 SiLU
-    between two casts XNNPACK does not take). Every other trace (ONNX, QNN, eager) is unchanged."""
+    """While an ExecuTorch program is traced through `_XnnpackForms`, ops are written in forms XNNPACK
+    delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only averages
+    4-D inputs over the last two dims), attention's products as 3-D bmm (a 4-D matmul lowers to
+    expand_copy, which XNNPACK does not take), and SiLU as x * sigmoid(x) (F.silu on fp16
+    decomposes to an fp32 SiLU between two casts XNNPACK does not take). Every other trace (ONNX,
+    QNN, eager) keeps the plain forms."""
     on = False
     rows: dict = {}          # width -> the tracing module's [1, width] buffer of 1/width
 
