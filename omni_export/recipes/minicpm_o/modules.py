@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...attention import attend
 from ...blocks import Block, BlockChain
 from .checkpoint import TTSConfig
 
@@ -79,12 +80,7 @@ class Layer(nn.Module):
         v = self.v(h).reshape(b, p, self.kv, self.hd).transpose(1, 2)
         cs, sn = cos[:, None], sin[:, None]
         q, k = _rotate(q, cs, sn), _rotate(k, cs, sn)
-        keys, vals = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        if self.kv != self.h:
-            keys = keys.repeat_interleave(self.h // self.kv, dim=1)
-            vals = vals.repeat_interleave(self.h // self.kv, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * (self.hd ** -0.5) + mask
-        a = torch.matmul(torch.softmax(scores, dim=-1), vals).transpose(1, 2).reshape(b, p, self.h * self.hd)
+        a = attend(q, k, v, mask, past_k, past_v).transpose(1, 2).reshape(b, p, self.h * self.hd)  # cache in place
         x = x + self.o(a)
         h = self.ln2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h)), k, v

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...attention import attend
 from .config import DecoderGeometry, ModelConfig, talker_split
 
 PREDICTOR_SLOTS = 17
@@ -95,33 +96,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, p, self.h * self.hd)), k, v
 
     def _attend(self, q, k, v, mask, past_k, past_v):
-        """Attention of q [b, h, p, hd] over the past slots and the p new keys, without copying the
-        cache: the query heads that share a K/V head are folded into rows (no repeat_interleave of
-        the cache to every head) and the past and new keys are scored apart, their scores joined (a
-        few KB) instead of the cache (a 0.6B talker step concatenated and repeated 0.7 GB of K/V over
-        its 28 layers). Same values as softmax(q K^T / sqrt(hd) + mask) V over [past; new]. Traced
-        for XNNPACK, the products are 3-D bmm (a 4-D matmul lowers to expand_copy)."""
-        b, h, p, hd = q.shape
-        g = h // self.kv                      # q heads j*g .. j*g+g-1 read kv head j
-        rows = (b * self.kv,) if _Xnnpack.on else (b, self.kv)
-
-        def mm(x, y):
-            return torch.bmm(x, y) if _Xnnpack.on else torch.matmul(x, y)
-
-        def fold(t):                          # [b, kv, n, hd] -> [*rows, n, hd]
-            return t.reshape(*rows, t.shape[2], hd)
-
-        qg = q.reshape(*rows, g * p, hd)
-        scores = [mm(qg, fold(t).transpose(-1, -2)) for t in ((k,) if past_k is None else (past_k, k))]
-        s = scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)         # [*rows, g*p, n]
-        n = s.shape[-1]
-        probs = torch.softmax(s.reshape(b, h, p, n) * (hd ** -0.5) + mask, dim=-1).reshape(*rows, g * p, n)
-        if past_v is None:
-            out = mm(probs, fold(v))
-        else:
-            slots = past_v.shape[2]
-            out = mm(probs[..., :slots], fold(past_v)) + mm(probs[..., slots:], fold(v))
-        return out.reshape(b, h, p, hd)
+        """The cache read in place (omni_export/attention.py); traced for XNNPACK, the products are
+        3-D bmm."""
+        return attend(q, k, v, mask, past_k, past_v, bmm=_Xnnpack.on)
 
 
 class DecoderLayer(nn.Module):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...attention import attend
 from .config import FULL, SparkConfig
 
 
@@ -86,13 +87,7 @@ class Layer(nn.Module):
         v = qkv[..., qd + kd:].reshape(b, n, self.kv, self.hd).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        keys = torch.cat([past_k, k], dim=2)
-        vals = torch.cat([past_v, v], dim=2)
-        if self.kv != self.h:
-            keys = keys.repeat_interleave(self.h // self.kv, dim=1)
-            vals = vals.repeat_interleave(self.h // self.kv, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * (self.hd ** -0.5) + mask
-        out = torch.matmul(torch.softmax(scores, dim=-1), vals)
+        out = attend(q, k, v, mask, past_k, past_v)          # the caches read in place
         if self.g_proj is not None:
             out = out * self.gate_act(self.g_proj(xn)).transpose(1, 2)[..., None]
         x = x + self.out_proj(out.transpose(1, 2).reshape(b, n, self.h * self.hd))
