@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FAST, ROOT, run_cli
+from conftest import FAST, GEOMETRY, ROOT, run_cli
 from omni_export.weights import write_safetensors
 
 ST = "speech_tokenizer"
@@ -204,15 +204,15 @@ def test_weight_symlinked_outside_the_checkpoint_is_followed_and_recorded(tmp_pa
     p.symlink_to(blob)
     out = tmp_path / "out"
     proc = run_cli("qwen3-tts", "--checkpoint", str(ck), "--out", str(out), "--formats", "onnx", "--precision",
-                   "fp16", "--components", "code2wav", "--no-attribution", "-q", *FAST)
+                   "fp16", "--components", "text_projection", "--no-attribution", "-q", *GEOMETRY)
     assert proc.returncode == 0, proc.stderr[-2000:]
     weights = json.loads((out / "manifest.json").read_text())["checkpoint"]["weights"]
     (w,) = [w for w in weights if w["path"] == f"{ST}/model.safetensors"]
     assert w["resolved"] == str(blob.resolve()) and w["outside_checkpoint"] is True
     assert not any(w.get("outside_checkpoint") for w in weights if w["path"] != f"{ST}/model.safetensors")
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "parity-inputs", "parity.json",
-                                                     "qwen3-tts-code2wav-fp16-s25-htp.onnx", "report.html",
-                                                     "report.md", "samples", "sources"]
+                                                     "qwen3-tts-text_projection-fp16-s25-htp.onnx", "report.html",
+                                                     "report.md", "sources"]
 
 
 # ------------------------------------------------------------------------------ calibration
