@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-rebuild", dest="rebuild", action="store_false",
                    help="skip the second, identical run into the same --out (the no-change rebuild the "
                         "cache serves; budget 5 s)")
+    b.add_argument("--no-disk-check", dest="disk_check", action="store_false",
+                   help="start even when --work has less free space than the newest completed build of "
+                        "this size wrote (results/build-SIZE-*.json, disk_bytes) plus 10 %%")
 
     r = sub.add_parser("runtime", parents=[common], help="latency of exported graphs vs torch eager")
     r.add_argument("--size", choices=("tiny", "0.6b"), required=True)
@@ -114,6 +117,10 @@ def write_result(results: Path, kind: str, size: str, data: dict) -> Path:
 
 def run_build(args, argv: list[str]) -> int:
     extra = args.extra
+    short = bb.disk_shortfall(Path(args.work), Path(args.results), args.size) if args.disk_check else None
+    if short:
+        print(f"benchmarks/run.py: not started, the build would stop on a full disk: {short}", file=sys.stderr)
+        return 2
     out = Path(args.work) / f"build-{args.size}-{_stamp()}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = bb.command(args.size, out, extra)

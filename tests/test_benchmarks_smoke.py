@@ -132,6 +132,35 @@ def test_a_failing_build_is_recorded_with_its_exit_status_and_stderr(tmp_path):
     assert d["manifest"] is None
 
 
+def test_a_build_that_would_fill_the_disk_is_not_started(tmp_path):
+    """An earlier result of the same size says how much the build writes; less free space than that
+    (+10 %) refuses to start, naming the figures, before any work; --no-disk-check overrides."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "build-tiny-20260101T000000Z-deadbeef.json").write_text(
+        json.dumps({"status": "ok", "disk_bytes": {"a": 5}}))                # older: not the estimate
+    (results / "build-tiny-20260102T000000Z-deadbeef.json").write_text(
+        json.dumps({"status": "ok", "disk_bytes": {"artifacts": 1 << 62, "manifest.json": 10}}))
+    (results / "build-tiny-20260103T000000Z-deadbeef.json").write_text(
+        json.dumps({"status": "failed", "disk_bytes": {"a": 1 << 63}}))     # stopped: ignored beside a complete one
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, "benchmarks/run.py", "build", "--size", "tiny", "--results", str(results),
+                           "--work", str(work)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "not started" in proc.stderr and "build-tiny-20260102T000000Z-deadbeef.json" in proc.stderr
+    assert "GB free under" in proc.stderr and "--no-disk-check" in proc.stderr
+    assert not work.exists() and len(list(results.iterdir())) == 3          # nothing run, nothing written
+    from benchmarks import build as bb
+
+    assert bb.disk_needed(results, "tiny") == ((1 << 62) + 10, "build-tiny-20260102T000000Z-deadbeef.json")
+    assert bb.disk_needed(results, "0.6b") is None
+    (results / "build-tiny-20260102T000000Z-deadbeef.json").unlink()
+    assert bb.disk_needed(results, "tiny") == (5, "build-tiny-20260101T000000Z-deadbeef.json")
+    assert bb.disk_shortfall(work, results, "tiny") is None                  # 5 bytes fit
+    (results / "build-tiny-20260101T000000Z-deadbeef.json").unlink()
+    assert bb.disk_needed(results, "tiny") == (1 << 63, "build-tiny-20260103T000000Z-deadbeef.json")
+
+
 def _arm(name: str, per_pass: list) -> tm.Arm:
     arm = tm.Arm(name, None)
     arm.per_pass = per_pass
