@@ -94,7 +94,7 @@ def disk_needed(results: Path, size: str) -> tuple[int, str] | None:
 def disk_shortfall(work: Path, results: Path, size: str, margin: float = 1.1) -> str | None:
     """Why this build would run out of disk, or None: the free space where it writes against what
     an earlier run of this size wrote (`disk_needed`), plus 10 %. A 1.7B build writes ~52 GB;
-    two of ours stopped on a full disk after 35 and 48 minutes."""
+    two of ours stopped on a full disk after 58 and 48 minutes."""
     need = disk_needed(results, size)
     if need is None:
         return None

@@ -149,7 +149,16 @@ def test_a_build_that_would_fill_the_disk_is_not_started(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "not started" in proc.stderr and "build-tiny-20260102T000000Z-deadbeef.json" in proc.stderr
     assert "GB free under" in proc.stderr and "--no-disk-check" in proc.stderr
-    assert not work.exists() and len(list(results.iterdir())) == 3          # nothing run, nothing written
+    fakes = set(results.iterdir())
+    assert not work.exists() and len(fakes) == 3                             # nothing run, nothing written
+    # --no-disk-check starts it anyway (a build that fails at once: started, and recorded as failed)
+    proc = subprocess.run([sys.executable, "benchmarks/run.py", "build", "--size", "tiny", "--results", str(results),
+                           "--work", str(work), "--no-disk-check", "--", "--components", "no_such_component"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "not started" not in proc.stderr, proc.stderr[-2000:]
+    (failed,) = set(results.iterdir()) - fakes
+    assert json.loads(failed.read_text())["status"] == "failed"
+    failed.unlink()
     from benchmarks import build as bb
 
     assert bb.disk_needed(results, "tiny") == ((1 << 62) + 10, "build-tiny-20260102T000000Z-deadbeef.json")

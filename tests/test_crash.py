@@ -5,8 +5,9 @@ and leaves exactly what its manifest lists (`omni-export verify` exit 0). Every 
 the build cache would otherwise serve the unchanged build and skip the stages being killed.
 
 Default: the 11 named crash points (omni_export/faults.py) + 2 random kills = 13 kills, with 3
-complete runs in between (the random ones land between the named points; more of them is a soak). OMNI_EXPORT_RANDOM_KILLS=N sets the random ones (e.g. 100 for a soak);
-OMNI_EXPORT_KILL_SEED fixes their timing (the seed is printed).
+complete runs in between (the random ones land between the named points).
+OMNI_EXPORT_RANDOM_KILLS=N sets the random ones (e.g. 100 for a soak); OMNI_EXPORT_KILL_SEED fixes
+their timing (the seed is printed).
 """
 from __future__ import annotations
 
