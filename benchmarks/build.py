@@ -59,8 +59,40 @@ def summarize(manifest: dict) -> dict:
         "toolchain": manifest.get("toolchain"),
         "host": manifest.get("host"),
         "options": manifest.get("options"),
+        "jobs": {k: v for k, v in (manifest.get("jobs") or {}).items() if k != "graph"},
+        "what_if": what_if(manifest, ((manifest.get("jobs") or {}).get("memory_gate") or {}).get("budget_bytes")),
         "not_recorded_by_the_manifest": list(NOT_RECORDED),
     }
+
+
+WHAT_IF_WORKERS = (2, 4, 8, 16)
+
+
+def what_if(manifest: dict, budget_bytes: int | None = None) -> dict | None:
+    """The recorded job graph's critical path and its wall at 2 / 4 / 8 / 16 workers: a projection by
+    list scheduling over the real DAG, the recorded job durations and memory estimates (driver jobs in
+    their own lane; heavy jobs under `budget_bytes` as the build's memory gate would), not a measurement."""
+    from omni_export.jobs.graph import Job, JobGraph, project_wall
+
+    records = ((manifest or {}).get("jobs") or {}).get("graph") or []
+    timed = [r for r in records if r.get("seconds") is not None]
+    if not timed:
+        return None
+    ids = {r["id"] for r in timed}
+    g = JobGraph()
+    for r in timed:
+        g.add(Job(r["id"], r["kind"], tuple(d for d in r["deps"] if d in ids), seconds=r["seconds"]))
+    crit, path = g.critical_path()
+    by_kind: dict = {}
+    for r in timed:
+        k = by_kind.setdefault(r["kind"], {"jobs": 0, "seconds": 0.0})
+        k["jobs"] += 1
+        k["seconds"] = round(k["seconds"] + r["seconds"], 3)
+    return {"projection": True, "jobs": len(timed), "job_seconds": round(sum(r["seconds"] for r in timed), 3),
+            "critical_path_s": round(crit, 3), "critical_path": path,
+            "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]["seconds"])),
+            "memory_budget_bytes": budget_bytes,
+            "wall_s_at_workers": {str(n): round(project_wall(timed, n, budget_bytes), 3) for n in WHAT_IF_WORKERS}}
 
 
 def tree_bytes(root: Path) -> dict:

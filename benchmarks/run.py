@@ -197,6 +197,11 @@ def _print_build(d: dict, path: Path) -> None:
     for s in sorted(stages, key=lambda s: -s["wall_s"])[:8]:
         cores = "   -" if s.get("cores_busy") is None else f"{s['cores_busy']:4.2f}"
         print(f"  {s['wall_s']:8.1f} s  {cores} cores busy  {s['stage']}")
+    w = (d.get("manifest") or {}).get("what_if")
+    if w:
+        walls = ", ".join(f"{n} workers {s:.0f} s" for n, s in w["wall_s_at_workers"].items())
+        print(f"job graph: {w['jobs']} jobs, {w['job_seconds']:.0f} job-seconds, critical path "
+              f"{w['critical_path_s']:.0f} s; projected wall (list scheduling over the recorded jobs): {walls}")
     if d["budget"]:
         print(f"budget: peak within {d['budget']['peak_within']}, wall within {d['budget']['wall_within']}")
     if d.get("rebuild"):

@@ -23,39 +23,86 @@ EXIT_USAGE, EXIT_REJECTED = 2, 3
 
 
 class _Console:
-    """Progress per stage on stderr (rich), silent with --quiet."""
+    """Progress on stderr (rich), silent with --quiet: one line per finished stage or job, and one
+    live line below them with the jobs done of all and what runs now, with its elapsed time."""
 
     def __init__(self, quiet: bool):
+        import threading
+
         from rich.console import Console
 
         self.quiet = quiet
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)   # a log keeps whole lines
+        self._status = None
+        self._lock = threading.RLock()          # stages run in the driver thread, jobs end in the main one
+        self._stages: list[str] = []
+        self._jobs = ""
+
+    def _show(self) -> None:
+        with self._lock:
+            text = " | ".join([*self._stages, *([self._jobs] if self._jobs else [])])
+            if text and self._status is None:
+                self._status = self.console.status(text)
+                self._status.start()
+            elif text:
+                self._status.update(text)
+            elif self._status is not None:
+                self._status.stop()
+                self._status = None
 
     @contextlib.contextmanager
     def stage(self, text: str):
         from rich.markup import escape
 
-        from .pipeline import StageNote
+        from .progress import StageNote
 
         note = StageNote()
         if self.quiet:
             yield note
             return
         t0 = time.time()
-        with self.console.status(text):
-            try:
-                yield note
-            except BaseException:
-                self.console.print(f"[red]✗[/red] {text} ({time.time() - t0:.1f}s)")
-                raise
+        with self._lock:
+            self._stages.append(escape(text))
+            self._show()
+        try:
+            yield note
+        except BaseException:
+            self.console.print(f"[red]✗[/red] {escape(text)} ({time.time() - t0:.1f}s)")
+            raise
+        finally:
+            with self._lock:
+                self._stages.remove(escape(text))
+                self._show()
         found = f": {escape(note.text)}" if note.text else ""
         took = f"ran {note.seconds:.1f}s" if note.seconds is not None else f"{time.time() - t0:.1f}s"
         mark = "[yellow]✗[/yellow]" if note.failed else "[green]✓[/green]"
-        self.console.print(f"{mark} {text}{found} [dim]({took})[/dim]")
+        self.console.print(f"{mark} {escape(text)}{found} [dim]({took})[/dim]")
 
     def note(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text)
+
+    def job_started(self, text: str) -> None:
+        pass
+
+    def job_finished(self, text: str, note) -> None:
+        from rich.markup import escape
+
+        if self.quiet:
+            return
+        found = f": {escape(note.text)}" if note.text else ""
+        mark = "[yellow]✗[/yellow]" if note.failed else "[green]✓[/green]"
+        self.console.print(f"{mark} {escape(text)}{found} [dim](ran {note.seconds or 0:.1f}s)[/dim]")
+
+    def jobs_status(self, running, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        from rich.markup import escape
+
+        with self._lock:
+            self._jobs = (f"[{done}/{total} jobs] " + "; ".join(f"{escape(label)} {t:.0f}s" for label, t in running[:3])
+                          if running else "")
+            self._show()
 
 
 @contextlib.contextmanager
@@ -158,7 +205,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
-                 rewrites, jobs, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
+                 rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
                  **recipe_opts):
         from .faults import sigint_latched
         from .pipeline import RunOptions, run
@@ -176,7 +223,7 @@ def _recipe_command(name: str) -> click.Command:
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
-                jobs=jobs or default_jobs(), gates=parse_gates(gate), sim_samples=sim_samples,
+                jobs=jobs or 0, executor=executor, gates=parse_gates(gate), sim_samples=sim_samples,
                 htp_finalize=htp_optimization,
                 max_memory=int(max_memory * 1e9) if max_memory else None)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
@@ -236,8 +283,14 @@ def _recipe_command(name: str) -> click.Command:
                           f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),
         click.Option(["--gate"], default=None, metavar="PREC=DB,...",
                      help="override the recipe's gates in dB of SNR, e.g. --gate fp16=45,w8a16=32"),
-        click.Option(["--jobs", "-j"], type=int, default=None,
-                     help="parallel runner processes for scoring [default: min(2, cores)]"),
+        click.Option(["--jobs", "-j"], type=click.IntRange(min=0), default=None, envvar="OMNI_EXPORT_JOBS",
+                     help="worker processes: every job of the build (ONNX export, quantization, QNN compiles, "
+                          ".pte lowering, one scoring run per build) runs on one, across components, longest "
+                          "chain first [default: one per core, as memory allows; 1: everything in the build "
+                          "process; env OMNI_EXPORT_JOBS]"),
+        click.Option(["--executor"], default="local", show_default=True, metavar="local|ray[:ADDRESS]",
+                     help="where the jobs run: worker processes on this machine, or a Ray cluster (pip install "
+                          "'omni-export[ray]'; ray:ADDRESS joins a running one, e.g. ray:auto)"),
         click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
                      help="held-out samples each build scores on the slow runners (the HTP simulator; "
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
@@ -255,7 +308,7 @@ def _recipe_command(name: str) -> click.Command:
                           "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
                           "one after another when tight. Default: QNN compile and quantizer children run "
                           "alone, beside the build process only (the lowest peak), and the "
-                          "other steps overlap while they fit in the memory free at each component's start"),
+                          "other steps overlap while they fit in the memory free at the build's start"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),
@@ -283,12 +336,6 @@ def _rewrites(text: str | None, target) -> tuple[str, ...]:
         if n not in REWRITE_NAMES:
             raise UsageError(f"unknown rewrite '{n}'; valid: {', '.join(REWRITE_NAMES)}, none")
     return names
-
-
-def default_jobs() -> int:
-    import os
-
-    return max(1, min(2, os.cpu_count() or 1))
 
 
 def _min_snr(b: dict):

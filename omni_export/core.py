@@ -146,6 +146,9 @@ class Component:
     # that has none: ONNX -> ONNX Runtime, .pte -> XNNPACK) next to its other builds, and end-to-end
     # parity and synth run that build for this graph at every precision (recipes/qwen3_tts/graphs.py).
     fp32_on_cpu: str = ""
+    # Bump when a change to this graph's module changes what it computes (its build cache keys;
+    # omni_export/numerics.py has the exporters' and the runtime's).
+    version: str = "1"
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])

@@ -8,6 +8,7 @@ reaches <point>. Unset (the normal case) it does nothing. Points, in run order:
   lowered                a build's files are in .staging
   commit-before-rename   a file is in the marker's journal, not yet renamed into OUT
   commit-after-rename    a file has been renamed into OUT
+  component-done         a component's builds are all in OUT and noted in the marker (resumable)
   pruned                 files of older builds are removed
   documents              parity.json and report.md are written, manifest.json is not
   manifest               manifest.json is written, the marker is not yet removed
@@ -20,7 +21,7 @@ import signal
 import threading
 
 ENV = "OMNI_EXPORT_CRASH_AT"
-POINTS = ("begin", "loaded", "traced", "lowered", "commit-before-rename", "commit-after-rename",
+POINTS = ("begin", "loaded", "traced", "lowered", "commit-before-rename", "commit-after-rename", "component-done",
           "pruned", "documents", "manifest")
 _reached: dict[str, int] = {}
 

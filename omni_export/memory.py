@@ -17,6 +17,16 @@ def trim_heap() -> None:
         pass
 
 
+def release_memory() -> None:
+    """Free what the last component left (its graphs, programs, weights) and hand the heap's free
+    pages back to the OS: glibc keeps freed small blocks (a model's many < 32 MB tensors) in its
+    arenas otherwise, and the next component would start from the last one's peak."""
+    import gc
+
+    gc.collect()
+    trim_heap()
+
+
 def _proc_kib(path: str, key: str) -> int | None:
     """A `Key:   N kB` field of a /proc file, in bytes; None when absent (not Linux)."""
     try:
@@ -119,6 +129,23 @@ class MemoryGate:
             if self._count == 0:
                 self._alone_held = False
             self._cond.notify_all()
+
+    def try_acquire(self, nbytes: int, alone: bool = False) -> bool:
+        """acquire() if the reservation fits now, without waiting; False (nothing held) otherwise.
+        The job scheduler's form: it tries again when a running job ends."""
+        alone = alone and self.alone
+        if nbytes <= 0:
+            return True
+        with self._cond:
+            if self._must_wait(nbytes, alone):
+                return False
+            if alone:
+                self._alone_held = True
+                self.alone_steps += 1
+            self._held += nbytes
+            self._count += 1
+            self.peak_held = max(self.peak_held, self._held)
+            return True
 
     @contextlib.contextmanager
     def hold(self, nbytes: int, alone: bool = False):

@@ -39,7 +39,8 @@ class Traced:
         return tuple(s.name for s in self.outputs)
 
     def args(self, sample: dict) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.from_numpy(np.ascontiguousarray(sample[n])) for n in self.input_names)
+        # a memory-mapped input (a job worker's, jobs/work.py) is read-only: torch gets a copy
+        return tuple(torch.from_numpy(np.require(sample[n], requirements=("C", "W"))) for n in self.input_names)
 
     @property
     def example(self) -> tuple[torch.Tensor, ...]:

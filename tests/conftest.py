@@ -17,6 +17,21 @@ GEOMETRY = ["--left-context", "2", "--chunk-frames", "2"]
 FAST = [*GEOMETRY, "--components", "code2wav"]
 
 
+def pytest_configure(config):
+    """Each xdist worker, and every build it starts, on a core of its own (set before torch and ONNX
+    Runtime start their threads): the HTP simulator keeps a thread spinning on every core a process
+    may use, which took the other worker's core (jobs/local.py measures it)."""
+    import os
+
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    count = int(getattr(config, "workerinput", {}).get("workercount", 0) or 0)
+    if worker and allowed and 1 < count <= len(allowed):
+        core = {allowed[int(worker.removeprefix("gw")) % len(allowed)]}
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), core)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def capture_cache_dir(tmp_path_factory) -> Path:
     """One capture cache for the session, shared by the xdist workers (and the CLIs they start), not
@@ -28,6 +43,10 @@ def capture_cache_dir(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "capture-cache"
     os.environ["OMNI_EXPORT_CACHE_DIR"] = str(root)
+    # Builds run their jobs in the build process (--jobs 1): pytest-xdist already keeps both cores
+    # busy, and every worker process would pay torch's and ExecuTorch's start-up again. The shared
+    # fp16 build below, the Ray tests and tests/test_jobs.py run jobs on real worker processes.
+    os.environ.setdefault("OMNI_EXPORT_JOBS", "1")
     return root
 
 
@@ -86,8 +105,9 @@ ALL_FORMATS_FP16 = ["qwen3-tts", "--target", "s25-htp", "--formats", "onnx,dlc,c
 
 @pytest.fixture(scope="session")
 def fp16_build(tmp_path_factory, tiny_checkpoint) -> Path:
-    return shared_once(tmp_path_factory, "fp16_build", lambda p: run_cli(
-        *ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(p), check=True))
+    return shared_once(tmp_path_factory, "fp16_build", lambda p: run_cli(      # on worker processes (one per core)
+        *ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(p), check=True,
+        env={"OMNI_EXPORT_JOBS": "0"}))
 
 
 # The longest files first: with --dist loadfile each file runs on one worker, so a long file

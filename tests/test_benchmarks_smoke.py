@@ -106,7 +106,8 @@ def test_build_benchmark_records_manifest_timings_and_sizes(tmp_path):
     m = d["manifest"]
     assert m["timings"]["total_s"] > 0 and m["components"]["code2wav"]["timings"]["trace_s"] > 0
     (b,) = m["builds"]
-    assert b["status"] == "accepted" and b["bytes"] > 0 and b["timings"]["lower_s"] > 0
+    # the ONNX build's own job copies its fp16 graph; the export and fp16 conversion are jobs of their own
+    assert b["status"] == "accepted" and b["bytes"] > 0 and b["timings"]["lower_s"] >= 0 and b["timings"]["graph_s"] > 0
     assert m["artifact_bytes"]["accepted"] == b["bytes"] and m["toolchain"]["onnx"]
     assert d["cli_json"]["exit_code"] == 0 and d["disk_bytes"]
     stages = {s["stage"]: s for s in d["process"]["memory"]["stages"]}

@@ -412,7 +412,7 @@ def test_a_ctrl_c_python_drops_in_a_finalizer_still_stops_the_run_at_the_next_st
     import time
 
     from omni_export import faults
-    from omni_export.pipeline import Progress, _InterruptPoints
+    from omni_export.progress import InterruptPoints as _InterruptPoints, Progress
 
     class Finalized:
         def __del__(self):

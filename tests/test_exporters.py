@@ -68,23 +68,6 @@ def test_onnx_builds_run_on_ort_cpu(traced, lowering, tmp_path, precision, floor
     assert score(traced, built.runner) >= floor
 
 
-def test_heavy_graphs_score_one_session_at_a_time_each_in_a_fresh_process(traced, lowering, tmp_path):
-    """RunPool(one_at_a_time): one worker, replaced after every job (a worker no longer carries the
-    last 3.6 GiB simulator session's heap into the next), and the jobs' outputs are the runner's."""
-    import os
-
-    from omni_export.parity.pool import RunPool
-
-    built = lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.FP16, "s25-htp"), tmp_path)
-    with RunPool(2, one_at_a_time=True) as pool:
-        pids = [pool._pool.submit(os.getpid).result() for _ in range(3)]
-        outs = pool.submit(built.runner, traced.heldout).result()
-    assert len(set(pids)) == 3 and os.getpid() not in pids
-    assert [o["y"].tobytes() for o in outs] == [o["y"].tobytes() for o in run_all(built.runner, traced.heldout)]
-    with RunPool(2) as pool:                       # the default pool keeps its two workers
-        assert len({pool._pool.submit(os.getpid).result() for _ in range(6)}) <= 2
-
-
 def test_memory_gate_lets_heavy_steps_overlap_only_while_their_reservations_fit():
     import threading
 
@@ -153,30 +136,6 @@ def test_memory_gate_runs_alone_steps_with_nothing_beside_them():
     shared = MemoryGate(100)                 # --max-memory: alone steps overlap while they fit
     with shared.hold(10), shared.hold(30, alone=True):
         assert shared.peak_held == 40 and shared.waits == 0
-
-
-def test_runner_pool_starts_a_gated_job_only_when_its_reservation_fits(traced, lowering, tmp_path):
-    """A job whose memory reservation does not fit beside what the build holds (a QNN compile child)
-    stays queued until that is released; jobs that fit only one at a time never overlap; results
-    are the runner's."""
-    import time
-
-    from omni_export.memory import MemoryGate
-    from omni_export.parity.pool import RunPool
-
-    built = lowering.build(BuildSpec("r", "tiny", Format.ONNX, Precision.FP16, "s25-htp"), tmp_path)
-    expect = [o["y"].tobytes() for o in run_all(built.runner, traced.heldout)]
-    gate = MemoryGate(100)
-    with RunPool(2, gate=gate) as pool:
-        gate.acquire(70)                                        # the build's own heavy step
-        first = pool.submit(built.runner, traced.heldout, reserve=60)
-        time.sleep(4)                                           # a worker would have run it by now
-        assert not first.done()
-        gate.release(70)
-        second = pool.submit(built.runner, traced.heldout, reserve=60)
-        outs = [first.result(timeout=120), second.result(timeout=120)]
-    assert [[o["y"].tobytes() for o in out] for out in outs] == [expect, expect]
-    assert gate.peak_held == 70 and gate.waits >= 2     # 60 + 60 > 100: the two jobs ran one after the other
 
 
 def test_run_options_memory_budget_is_what_is_free_or_under_max_memory():

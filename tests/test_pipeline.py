@@ -107,23 +107,46 @@ def test_attribution_scores_every_block_of_the_rejected_precision(demo_run):
         assert all(want in r["runner"] for r in rows), (prec, [(b["format"], b["status"]) for b in mine])
 
 
-def test_a_dlc_is_lowered_after_the_context_binary_of_its_precision():
+def test_a_components_job_graph_shares_intermediate_graphs_and_the_context_binarys_run(tmp_path):
+    """One fp32 export, one fp16 conversion and one quantization per precision feed every format; the .pte
+    lowers from the trace; a DLC's score is its context binary's run (the same QNN graph)."""
     from omni_export.core import BuildSpec, Format, Precision
-    from omni_export.pipeline import _lowering_rank
+    from omni_export.jobs.component import ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from omni_export.pipeline import RunOptions
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
 
-    builds = [BuildSpec("r", "c", f, p, "t") for p in (Precision.FP16, Precision.W8A16)
+    class Run:
+        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
+        store = type("S", (), {"root": tmp_path})()
+
+        def gate(self, component, precision):
+            return 40.0
+
+    builds = [BuildSpec("qwen3-tts", "code2wav", f, p, "s25-htp") for p in (Precision.FP16, Precision.W8A16)
               for f in (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)]
-    order = sorted(range(len(builds)), key=lambda i: _lowering_rank(builds, i))
-    assert [(builds[i].format.value, builds[i].precision.value) for i in order] == [
-        (f, p) for p in ("fp16", "w8a16") for f in ("onnx", "ctx", "dlc", "pte")]
-    alone = [BuildSpec("r", "c", Format.DLC, Precision.FP16, "t"), BuildSpec("r", "c", Format.ONNX, Precision.FP16, "t")]
-    assert sorted(range(2), key=lambda i: _lowering_rank(alone, i)) == [0, 1]     # no context binary: plan order
+    g = JobGraph()
+    ComponentJobs(Run(), "code2wav", builds, g).plan()
+    deps = {i: j.deps for i, j in g.jobs.items()}
+    assert deps["code2wav/export"] == ("code2wav/trace",)
+    assert deps["code2wav/fp16"] == ("code2wav/export",) and deps["code2wav/quantize/w8a16"] == ("code2wav/export",)
+    for f in ("onnx", "dlc", "ctx"):
+        assert deps[f"code2wav/lower/{f}/fp16"] == ("code2wav/fp16",)
+        assert deps[f"code2wav/lower/{f}/w8a16"] == ("code2wav/quantize/w8a16",)
+    assert deps["code2wav/lower/pte/w8a16"] == ("code2wav/trace",)
+    for p in ("fp16", "w8a16"):
+        assert deps[f"code2wav/score/dlc/{p}"] == (f"code2wav/lower/dlc/{p}", f"code2wav/score/ctx/{p}")
+        assert g.jobs[f"code2wav/score/dlc/{p}"].kind == "score-shared"
+        assert deps[f"code2wav/score/ctx/{p}"] == (f"code2wav/lower/ctx/{p}",)
+    assert sum(j.where == "driver" for j in g.jobs.values() if j.kind != "score-shared") == 1    # the trace
+    assert g.critical_path()[1][0] == "code2wav/trace"
 
 
 def test_a_simulator_run_of_a_context_binary_reserves_less_than_one_compiling_its_source():
     from omni_export.memory import step_bytes
     from omni_export.parity.runners import RunnerSpec
-    from omni_export.pipeline import _step_kind
+    from omni_export.jobs.component import _step_kind
 
     ctx = RunnerSpec("qnn-htp", "/b/m-fp16.ctx.onnx", ("x",), ("y",))
     src = RunnerSpec("qnn-htp", "/w/fp32.onnx", ("x",), ("y",))
@@ -134,7 +157,7 @@ def test_a_simulator_run_of_a_context_binary_reserves_less_than_one_compiling_it
 
 def test_attribution_runs_on_cpu_only_when_the_onnx_build_scored_low_there_and_nothing_failed():
     from omni_export.core import Precision
-    from omni_export.pipeline import _scored_low_on_cpu
+    from omni_export.jobs.component import _scored_low_on_cpu
 
     def e(fmt, status, error=None, prec="w8a16"):
         return {"format": fmt, "precision": prec, "status": status, **({"error": error} if error else {})}
@@ -414,7 +437,9 @@ def test_report_html_of_the_demo_renders_in_headless_chromium(demo_run, tmp_path
 
 
 def test_slow_runners_score_a_spread_subset_only_of_heavy_graphs():
-    from omni_export.pipeline import HEAVY_BYTES, SLOW_SAMPLES, RunOptions, _slow_samples
+    from omni_export.jobs.component import HEAVY_BYTES, SLOW_SAMPLES
+    from omni_export.jobs.plan import RunOptions
+    from omni_export.jobs.record import slow_samples as _slow_samples
     from omni_export.recipes import get_recipe
     from omni_export.targets import get_target
 
@@ -442,6 +467,11 @@ def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):
     assert ctx["samples"] == 1 and "1 of" in ctx["samples_note"]
     onnx = b[("text_projection", "onnx", "fp16")]["parity"]
     assert onnx["samples"] == heldout and "samples_note" not in onnx
+    # the simulator's one sample is the one the ONNX build scored worst on ORT CPU
+    per = onnx["per_sample_snr_db"]
+    assert len(per) == heldout and "lowest SNR of the ONNX build" in ctx["samples_note"]
+    assert f"indices [{per.index(min(per))}]" in ctx["samples_note"]
+    assert f"| htp-sim fp16 (1 of {heldout} samples) |" in (out / "report.md").read_text()    # the report says so
     assert m["options"]["sim_samples"] == 1
     assert 0 < m["components"]["text_projection"]["weight_bytes"] < (1 << 30)
 
@@ -450,7 +480,7 @@ def test_a_failure_whose_cause_we_measured_says_what_to_do():
     """QNN's finalizer says only "memory allocation"; measured on real-size Code2Wav's last block
     alone, it meant a tensor too long for the HTP (34 frames compile, 35 do not), so the reason says
     what may compile."""
-    from omni_export.pipeline import _short
+    from omni_export.jobs.errors import short as _short
 
     e = RuntimeError("[ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. Error: "
                      "QNN_COMMON_ERROR_MEM_ALLOC: Memory allocation related error., Code: 1002\nmore")
@@ -463,7 +493,7 @@ def test_a_failure_whose_cause_we_measured_says_what_to_do():
 
 def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_checkpoint, tmp_path):
     """At 1.7B each talker graph's fp32 / fp16 / QDQ ONNX came to ~12 GB and stayed in .staging to
-    the end of the run; they now go when their component is done, before the next one starts."""
+    the end of the run; they now go as soon as their component's last job is done."""
     import contextlib
 
     from omni_export.core import Format, Precision
@@ -472,16 +502,13 @@ def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_check
     from omni_export.targets import get_target
 
     out = tmp_path / "out"
-    seen = {}
+    lines = []
 
     class Watch(Progress):
         @contextlib.contextmanager
         def stage(self, text):
-            if text.startswith("code2wav: trace"):
-                work = out / ".staging" / "work"
-                seen["at_code2wav"] = sorted(p.name for p in work.iterdir()) if work.exists() else []
-            if text.startswith("code2wav: score"):
-                seen.setdefault("code2wav_work", (out / ".staging" / "work" / "code2wav" / "fp32.onnx").exists())
+            work = out / ".staging" / "work"
+            lines.append((text, sorted(p.name for p in work.iterdir()) if work.exists() else []))
             yield
 
     result = run(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), out, checkpoint=tiny_checkpoint,
@@ -489,4 +516,8 @@ def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_check
                             precisions=(Precision.FP16,), recipe_options={"left-context": 2, "chunk-frames": 2},
                             attribution="off", rewrites=(), jobs=1, e2e=()), Watch())
     assert result.exit_code == 0
-    assert seen == {"at_code2wav": [], "code2wav_work": True}     # text_projection's gone; code2wav's in use
+    for comp in ("text_projection", "code2wav"):
+        mine = [i for i, (text, _) in enumerate(lines) if text.startswith(comp + ":")]
+        assert any(comp in dirs for _, dirs in lines[mine[0]:mine[-1] + 1])      # in use while it runs
+        assert all(comp not in dirs for _, dirs in lines[mine[-1] + 1:])           # gone once it is done
+    assert not (out / ".staging").exists()

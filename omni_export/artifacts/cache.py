@@ -9,8 +9,10 @@ Every build gets a content key: sha256 over
     inode changed since the previous build recorded them, so an unchanged 4 GB checkpoint costs a
     few stat calls), or, for the embedded demo and --random-weights, the seeded generator's
     identity;
-  - the toolchain versions (torch, executorch, onnxruntime(-qnn), QNN, ...) and a digest of
-    omni-export's own source files (a code change is a new key even in a dirty work tree).
+  - the toolchain versions (torch, executorch, onnxruntime(-qnn), QNN, ...) and the versions of
+    omni-export's own code that decide the build's output (omni_export/numerics.py, the recipe's and
+    the component's versions): an edit that changes no output -- a docstring, the reports, the
+    scheduler -- keeps every key, so a rebuild reuses every artifact and score.
 The calibration set is not hashed directly: it is captured from the fp32 model's generations,
 a deterministic function of the checkpoint, recipe version, options and seeds above (the parity
 inputs are byte-stable; tests/test_reproducibility.py), so the key covers it by its causes. Its
@@ -29,23 +31,12 @@ from pathlib import Path
 
 from .store import listed_files, sha256_file
 
-KEY_VERSION = 1
+KEY_VERSION = 2           # 2: numerics versions instead of a digest of omni-export's source
 _SMALL = 64 << 20          # non-weight files up to this size are hashed; bigger ones by size + mtime
 
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def source_digest() -> str:
-    """sha256 over omni-export's own .py and .json files (paths and bytes)."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.suffix in (".py", ".json") and "__pycache__" not in p.parts:
-            h.update(p.relative_to(root).as_posix().encode() + b"\0")
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def checkpoint_identity(checkpoint: Path | None, options: dict, previous: dict | None) -> dict:
@@ -97,7 +88,7 @@ class BuildCache:
         toolchain = {k: v for k, v in mf.toolchain().items() if k != "omni-export-git"}
         t = opts.target
         self.base = {"key_version": KEY_VERSION, "recipe": [opts.recipe.name, opts.recipe.version],
-                     "checkpoint": self.checkpoint["digest"], "toolchain": toolchain, "source": source_digest(),
+                     "checkpoint": self.checkpoint["digest"], "toolchain": toolchain,
                      "target": [t.name, t.soc, t.soc_model, t.htp_arch], "rewrites": list(rewrites),
                      "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None),
                      "htp_finalize": getattr(opts, "htp_finalize", None)}
@@ -114,8 +105,12 @@ class BuildCache:
         return out
 
     def component_key(self, component: str, builds, thresholds: dict) -> str:
-        planned = sorted((b.format.value, b.precision.value, thresholds[b.precision]) for b in builds)
+        from ..numerics import for_build
+
+        planned = sorted((b.format.value, b.precision.value, thresholds[b.precision],
+                          sorted(for_build(b.format, b.precision).items())) for b in builds)
         key = _digest({**self.base, "component": component, "options": self._options_for(component),
+                       "version": self.opts.recipe.component(component).version,
                        "placement": self.opts.target.place(component).unit, "builds": planned})
         self.keys[component] = key
         return key

@@ -69,9 +69,9 @@ def checkpoint_files(checkpoint: Path, weights: list[dict]) -> list:
 def key(**parts) -> str:
     import torch
 
-    from .cache import source_digest
+    from ..numerics import VERSIONS
 
-    material = {"format": FORMAT, "source": source_digest(), "torch": torch.__version__,
+    material = {"format": FORMAT, "capture": VERSIONS["capture"], "torch": torch.__version__,
                 "numpy": np.__version__, **parts}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 

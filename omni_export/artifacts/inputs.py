@@ -30,35 +30,35 @@ def source_key(precision: Precision) -> str:
     return "fp32" if precision in (Precision.FP32, Precision.FP16) else precision.value
 
 
-def keep_for_hub(store, recipe: str, target, lowering, entries: list[dict]) -> dict:
-    """Put the source ONNX of every accepted build AI Hub takes into sources/ (a quantized one also
-    keeps fp32, which AI Hub's quantize job starts from, and the calibration inputs); returns the
-    component's manifest fields {"sources": {key: record}, "calibration_inputs": record}."""
+def hub_sources(target, entries: list[dict]) -> tuple[set[str], bool]:
+    """(source keys, quantized): the source ONNX every accepted build AI Hub takes is compiled from
+    (a quantized one also needs fp32, which AI Hub's quantize job starts from), and whether any of
+    them is quantized (then the calibration inputs are kept too)."""
     keys, quantized = set(), False
     for e in entries:
         if e["status"] == "accepted" and Format(e["format"]) in target.place(e["component"]).hub_runtimes:
             p = Precision(e["precision"])
             keys |= {source_key(p), "fp32"}
             quantized = quantized or p.quantized
-    out: dict = {"sources": {}}
-    for key in sorted(keys):
-        src = lowering.onnx(Precision(key))          # memoised: already built for the accepted build
-        from ..exporters.onnx import inline_copy
+    return keys, quantized
 
-        one = inline_copy(src, src.with_name(src.stem + ".inline.onnx"))
-        if one is None:
-            out["sources"][key] = {"error": "the ONNX is past 2 GB with external data, which is not kept for AI Hub yet"}
+
+def keep_for_hub(store, recipe: str, target, component: str, sources: dict, calibration, quantized: bool) -> dict:
+    """Put each source ONNX (`sources`: key -> a single-file ONNX, or {"error": why} when it cannot
+    be kept) into sources/, and the calibration inputs when `quantized`; returns the component's
+    manifest fields {"sources": {key: record}, "calibration_inputs": record}."""
+    out: dict = {"sources": {}}
+    for key in sorted(sources):
+        src = sources[key]
+        if isinstance(src, dict):
+            out["sources"][key] = src
             continue
-        rel = f"{SOURCES_DIR}/{recipe}-{lowering.traced.name}-{key}-{target.name}.onnx"
-        out["sources"][key] = store.put_file(rel, one).to_json()
-        if one != src:
-            one.unlink()
-    calib = lowering.traced.calibration
-    if quantized and calib:
-        names = lowering.traced.input_names
-        arrays = {f"input.{i}.{n}": (lambda s=s, n=n: s[n]) for i, s in enumerate(calib) for n in names}
-        rec = store.put_bytes(f"{INPUTS_DIR}/{lowering.traced.name}.calibration.npz", npz_bytes(arrays))
-        out["calibration_inputs"] = {**rec.to_json(), "samples": len(calib)}
+        rel = f"{SOURCES_DIR}/{recipe}-{component}-{key}-{target.name}.onnx"
+        out["sources"][key] = store.put_file(rel, Path(src)).to_json()
+    if quantized and calibration:
+        arrays = {f"input.{i}.{n}": (lambda s=s, n=n: s[n]) for i, s in enumerate(calibration) for n in s}
+        rec = store.put_bytes(f"{INPUTS_DIR}/{component}.calibration.npz", npz_bytes(arrays))
+        out["calibration_inputs"] = {**rec.to_json(), "samples": len(calibration)}
     return out
 
 

@@ -150,6 +150,7 @@ class Store:
         self._had_build = False
         self._amending = False
         self._info: dict = {}
+        self._finished: dict = {}            # component -> {record, entries}: what a killed run resumes from
 
     # ---- run lifecycle
     def begin(self, recipe: str, target: str, force: bool) -> dict | None:
@@ -341,7 +342,30 @@ class Store:
         crash_point("commit-after-rename")
 
     def _write_marker(self) -> None:
-        atomic_write_json(self.root / MARKER, {**self._info, "files": sorted(self._journal)})
+        atomic_write_json(self.root / MARKER, {**self._info, "files": sorted(self._journal),
+                                               **({"finished": self._finished} if self._finished else {})})
+
+    def record_finished(self, component: str, record: dict, entries: list[dict]) -> None:
+        """A component's builds are all in OUT: note them in the marker, so a run killed later resumes
+        without rebuilding them (resumable())."""
+        self._finished[component] = {"record": record, "entries": entries}
+        self._write_marker()
+
+    def resumable(self) -> dict | None:
+        """What a run that did not finish left done, as a previous manifest the build cache reads (its
+        components finished in OUT, each with its record and build entries); None if nothing."""
+        done = (self.recovered or {}).get("finished")
+        if not isinstance(done, dict) or not done:
+            return None
+        comps, builds = {}, []
+        for name, item in done.items():
+            if isinstance(item, dict) and isinstance(item.get("record"), dict) and isinstance(item.get("entries"), list):
+                comps[name] = item["record"]
+                builds += [e for e in item["entries"] if isinstance(e, dict)]
+        return {"tool": "omni-export", "recipe": {"name": self.recovered.get("recipe")},
+                "target": {"name": self.recovered.get("target")}, "components": comps, "builds": builds,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.recovered.get("started") or 0)),
+                "resumed": True} if comps else None
 
     def _relpath(self, directory: Path, name: str) -> str:
         """OUT-relative path of directory/name; refuses anything that would land outside OUT."""

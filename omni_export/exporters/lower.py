@@ -79,6 +79,19 @@ class Lowering:
         self.weight_bytes = 0        # the graph's fp32 weight bytes, when it is heavy enough to gate
         work.mkdir(parents=True, exist_ok=True)
 
+    # ---- hand-off between jobs
+    def state(self) -> dict:
+        """The intermediate graphs made so far and what they found, for the jobs that need them."""
+        return {"onnx": {k: str(v) for k, v in self._onnx.items()}, "rewrite_report": self.rewrite_report,
+                "shared_weights": self.shared_weights}
+
+    def adopt(self, state: dict) -> None:
+        """Take intermediate graphs another job made (its `state()`) instead of making them again."""
+        self._onnx.update({k: Path(v) for k, v in state.get("onnx", {}).items()})
+        if state.get("rewrite_report"):
+            self.rewrite_report = state["rewrite_report"]
+        self.shared_weights = state.get("shared_weights") or self.shared_weights
+
     # ---- graphs
     def program(self):
         """The exported program with the HTP-safe rewrites, each checked in fp32."""
@@ -122,14 +135,15 @@ class Lowering:
             src = self.onnx(Precision.FP32)
             big = ox.data_file(src).exists()
             calibration = self.traced.calibration
-            if big:     # the child maps the calibration inputs from files instead of unpickling a copy
+            mapped = big and not isinstance(calibration, ox.MappedSamples)
+            if mapped:  # the child maps the calibration inputs from files instead of unpickling a copy
                 calibration = ox.MappedSamples.write(calibration, self.work / f"{key}.calibration")
             try:
                 with self._hold("quantize"):
                     path = isolated(big, ox.quantize_qdq, src, self.work / f"{key}.qdq.onnx", calibration, precision,
                                     self.headroom.get(precision), self.per_channel_linears, self.weight_rounding)
             finally:
-                if big:
+                if mapped:
                     shutil.rmtree(calibration.root, ignore_errors=True)
         self._onnx[key] = path
         return path
@@ -138,12 +152,12 @@ class Lowering:
         """The ONNX the QNN EP compiles for this precision, and its provider options."""
         from .. import qnn_ep
 
-        src = self._qnn_fp16() if precision == Precision.FP16 else self.onnx(precision)
+        src = self.qnn_fp16() if precision == Precision.FP16 else self.onnx(precision)
         opts = qnn_ep.provider_options(self.target.soc_model, self.target.htp_arch,
                                        fp16=precision == Precision.FP16, finalize=self.htp_finalize)
         return src, opts
 
-    def _qnn_fp16(self) -> Path:
+    def qnn_fp16(self) -> Path:
         """The ONNX the QNN EP compiles at fp16: the fp16 ONNX, with each weight several MatMuls read
         passed so that the EP keeps one copy of it (onnx.share_matmul_weights).
 

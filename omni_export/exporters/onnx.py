@@ -45,6 +45,7 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
 
         model = onnx.load(str(path), load_external_data=False)
     name_io(model, input_names, output_names)
+    strip_source_paths(model)
     if not big:
         fold_weight_layouts(model)
     if big:
@@ -54,6 +55,26 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     else:
         _save(model, path)
     return path
+
+
+SOURCE_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def strip_source_paths(model) -> int:
+    """Drop each node's Python stack trace, which torch's exporter records: absolute paths and line
+    numbers of the build machine's source files. They leaked where a build ran, and made an ONNX's
+    bytes change with any edit that moved a line of a model's module (a docstring) although the graph
+    was the same. The node names, namespaces and FX node records stay. Returns the entries dropped."""
+    dropped = 0
+    graphs = [model.graph] + [f for f in model.functions]
+    for g in graphs:
+        for node in g.node:
+            keep = [p for p in node.metadata_props if p.key not in SOURCE_METADATA]
+            if len(keep) != len(node.metadata_props):
+                dropped += len(node.metadata_props) - len(keep)
+                del node.metadata_props[:]
+                node.metadata_props.extend(keep)
+    return dropped
 
 
 @contextlib.contextmanager

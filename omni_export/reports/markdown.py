@@ -63,7 +63,8 @@ def _regated_note(regated: dict) -> str:
 
 def _table_row(r: BuildRow) -> str:
     verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
-    return (f"| {r.component} | {r.format} | {r.precision} | {r.runner} | {fmt_db(r.min_snr_db)} | "
+    runner = f"{r.runner} ({r.scored})" if r.scored else r.runner
+    return (f"| {r.component} | {r.format} | {r.precision} | {runner} | {fmt_db(r.min_snr_db)} | "
             f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")
 
 

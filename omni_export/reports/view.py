@@ -31,6 +31,7 @@ class BuildRow:
     files: tuple = ()
     samples: tuple = ()
     hub: dict | None = None
+    scored: str = ""          # "2 of 12 samples" when the runner scored a subset of the held-out samples
 
     @property
     def accepted(self) -> bool:
@@ -76,7 +77,14 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
         reason=(again or {}).get("reason") or _device_reason(b) or p.get("reason") or b.get("error") or "",
         built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
         bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
-        samples=tuple(b.get("samples", [])), hub=b.get("hub"))
+        samples=tuple(b.get("samples", [])), hub=b.get("hub"), scored=_scored(m, b))
+
+
+def _scored(m: dict, b: dict) -> str:
+    """How many of the component's held-out samples the build's runner scored, when not all of them."""
+    n = ((m.get("components") or {}).get(b["component"]) or {}).get("heldout", {}).get("count")
+    k = (b.get("parity") or {}).get("samples")
+    return f"{k} of {n} samples" if isinstance(k, int) and isinstance(n, int) and k < n else ""
 
 
 def _device_reason(b: dict) -> str:

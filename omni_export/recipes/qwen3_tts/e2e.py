@@ -76,7 +76,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     # otherwise sat beside every runner's sessions below.
     del eager
     from ...memory import available_bytes
-    from ...pipeline import release_memory
+    from ...memory import release_memory
 
     release_memory()
     rows = []

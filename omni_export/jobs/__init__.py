@@ -1,0 +1,1 @@
+"""The build as a job graph: plan, schedule, run on workers, record (see graph.py)."""

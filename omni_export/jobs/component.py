@@ -1,0 +1,555 @@
+"""One component's jobs, and what they found as its manifest record and build entries.
+
+    trace (driver) ─┬─ export ─┬─ fp16 ──────────── lower onnx|dlc|ctx fp16 ── score
+                    │          └─ quantize P ────── lower onnx|dlc|ctx P ───── score
+                    ├─ lower pte P ─────────────────────────────────────────── score
+                    └─ attribute P (every precision with --attribution all; else added once a
+                       precision has a rejected build)
+
+A DLC and the context binary of the same precision hold the same QNN graph: the DLC's score is the
+context binary's run (`outputs_from`). Every driver-side step (committing files, verdicts, the
+record) runs in the scheduler's thread, one at a time, so the output store sees one writer.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from ..core import BuildSpec, Format, Precision, UsageError
+from ..faults import crash_point
+from .errors import UpstreamFailed, short
+from .graph import Job, JobGraph
+
+MIN_CALIBRATION = 4
+ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
+# Graphs past HEAVY_BYTES of weights (real-size language models) are scored on SLOW_SAMPLES
+# held-out samples on the slow runners -- the HTP simulator (a 0.6B talker step: 44 s at fp16 alone)
+# and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them elsewhere. --sim-samples overrides.
+HEAVY_BYTES = 256 << 20
+SLOW_SAMPLES = 2
+ONNX_FORMATS = (Format.ONNX, Format.DLC, Format.CTX)
+# memory.STEP_FACTORS entry of each job kind of a heavy graph (scoring jobs: by their runner)
+MEMORY_KIND = {"export": "onnx-export", "fp16": "onnx-fp16", "quantize": "quantize", "lower-ctx": "qnn-compile",
+               "lower-dlc": "qnn-dlc", "lower-pte": "pte-lower", "lower": "", "attribute": "qnn-htp"}
+
+
+class ComponentJobs:
+    def __init__(self, run, name: str, builds: list[BuildSpec], graph: JobGraph):
+        self.run, self.name, self.builds, self.graph = run, name, builds, graph
+        self.component = run.opts.recipe.component(name)
+        self.thresholds = {b.precision: run.gate(self.component, b.precision) for b in builds}
+        self.entries: list[dict | None] = [None] * len(builds)
+        self.work = run.store.root / ".staging" / "work" / name
+        self.ref = None
+        self.info: dict = {}
+        self.states: dict[str, dict] = {}
+        self.attribution: dict[str, list] = {}
+        self.open: set[str] = set()
+        self.record: dict | None = None
+        self.t0 = time.time()
+        self.timings: dict = {}
+        self.slow: list[int] | None = None
+        self._lowered: dict[int, dict] = {}
+        self.per_sample: dict[str, list[float]] = {}      # precision -> its ONNX build's SNR per held-out sample
+
+    # ------------------------------------------------------------------------------------ plan
+    def _add(self, job: Job) -> Job:
+        job.component = self.name
+        self.open.add(job.id)
+        return self.graph.add(job)
+
+    def _id(self, *parts) -> str:
+        return "/".join((self.name,) + tuple(str(p) for p in parts))
+
+    def plan(self) -> None:
+        c = self.name
+        trace = self._add(Job(self._id("trace"), "trace", where="driver", label=f"{c}: trace fp32 and capture inputs",
+                              bind=lambda jobs: (self._trace, ()), done=self._traced))
+        onnx_builds = [b for b in self.builds if b.format in ONNX_FORMATS]
+        export = fp16 = None
+        if onnx_builds:
+            export = self._add(Job(self._id("export"), "export", (trace.id,), label=f"{c}: export fp32 ONNX",
+                                   bind=lambda jobs: (self._work("export_onnx"), (self.ref,)), done=self._state))
+        if any(b.precision == Precision.FP16 for b in onnx_builds):
+            qnn = any(b.precision == Precision.FP16 and b.format != Format.ONNX for b in onnx_builds)
+            fp16 = self._add(Job(self._id("fp16"), "fp16", (export.id,), label=f"{c}: fp16 ONNX",
+                                 bind=lambda jobs, qnn=qnn: (self._work("to_fp16"), (self.ref, self._deps_states(jobs, export.id), qnn)),
+                                 done=self._state))
+        quant = {}
+        for p in sorted({b.precision for b in onnx_builds if b.precision.quantized}, key=list(Precision).index):
+            quant[p] = self._add(Job(self._id("quantize", p.value), "quantize", (export.id,),
+                                     label=f"{c}: quantize {p.value} (calibrated QDQ)",
+                                     bind=lambda jobs, p=p: (self._work("quantize"),
+                                                             (self.ref, self._deps_states(jobs, export.id), p.value)),
+                                     done=self._state))
+        for i, b in enumerate(self.builds):
+            if b.format == Format.PTE:
+                src = trace.id
+            elif b.precision == Precision.FP32:
+                src = export.id
+            elif b.precision == Precision.FP16:
+                src = fp16.id
+            else:
+                src = quant[b.precision].id
+            kind = {"pte": "lower-pte", "ctx": "lower-ctx", "dlc": "lower-dlc"}.get(b.format.value, "lower")
+            self._add(Job(self._id("lower", b.format.value, b.precision.value), kind, (src,),
+                          label=f"{c}: lower {b.format.value} {b.precision.value}",
+                          bind=lambda jobs, i=i, src=src: self._bind_lower(jobs, i, src),
+                          done=lambda job, i=i: self._lowered_done(job, i)))
+        # a DLC sharing its context binary's run is planned after it
+        for i, b in sorted(enumerate(self.builds), key=lambda x: self._ctx_sibling(x[1]) is not None):
+            ctx = self._ctx_sibling(b)
+            lower_id = self._id("lower", b.format.value, b.precision.value)
+            if ctx is not None:
+                deps = (lower_id, self._id("score", "ctx", b.precision.value))
+                self._add(Job(self._id("score", b.format.value, b.precision.value), "score-shared", deps, where="driver",
+                              label=f"{c}: score {b.format.value} {b.precision.value}",
+                              bind=lambda jobs, deps=deps, i=i: self._bind_shared(jobs, i, deps),
+                              done=lambda job, i=i: self._scored(job, i)))
+            else:
+                kind = "score-htp" if b.format in (Format.DLC, Format.CTX) else "score"
+                self._add(Job(self._id("score", b.format.value, b.precision.value), kind, (lower_id,),
+                              label=f"{c}: score {b.format.value} {b.precision.value}",
+                              bind=lambda jobs, i=i, lower_id=lower_id: self._bind_score(jobs, i, lower_id),
+                              done=lambda job, i=i: self._scored(job, i)))
+        if self.run.opts.attribution == "all":
+            for p in _attribution_precisions(self.builds):
+                self._add_attribution(p, on_cpu=False)
+
+    def _ctx_sibling(self, b: BuildSpec) -> BuildSpec | None:
+        if b.format != Format.DLC:
+            return None
+        return next((o for o in self.builds if o.format == Format.CTX and o.precision == b.precision), None)
+
+    def _work(self, name: str):
+        from . import work
+
+        return getattr(work, name)
+
+    def _deps_states(self, jobs, *ids) -> list[dict]:
+        for i in ids:
+            if jobs[i].result is None or "error" in jobs[i].result:
+                raise UpstreamFailed((jobs[i].result or {}).get("error") or f"{i} failed")
+        return [jobs[i].result for i in ids]
+
+    # ------------------------------------------------------------------------------------ trace
+    def _trace(self) -> dict:
+        """Driver thread: the fp32 graph on captured inputs; hands its inputs to the workers as files."""
+        from ..artifacts import reproducibility as repro
+        from ..artifacts.manifest import hash_arrays
+        from ..trace import BlockChain, trace
+        from . import work
+
+        model = self.run.model()
+        needs_calib = any(b.precision.quantized for b in self.builds)
+        graph = model.graph(self.name)
+        heldout = model.samples(self.name, "heldout")
+        calib = model.samples(self.name, "calibration")
+        if needs_calib and len(calib.inputs) < MIN_CALIBRATION:
+            raise UsageError(f"{self.name}: calibration set has {len(calib.inputs)} samples; quantized "
+                             f"builds need at least {MIN_CALIBRATION} real inputs")
+        traced = trace(graph, calib, heldout)
+        counts = work.write_inputs(self.work / "inputs", traced)
+        audio = [{k: r[k] for k in self.component.audio_outputs} for r in traced.reference]
+        cc = getattr(model, "capture_cache", None)
+        return {"inputs": [s.to_json() for s in traced.inputs], "outputs": [s.to_json() for s in traced.outputs],
+                "calibration": {"source": traced.calibration_source, "count": len(traced.calibration),
+                                "sha256": hash_arrays(traced.calibration)},
+                "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
+                            "sha256": hash_arrays(traced.heldout)},
+                "capture": dict(cc) if cc else None, "weight_bytes": _weight_bytes(traced.module),
+                "parity_npz": repro.parity_inputs_npz(traced), "audio": audio, "counts": counts,
+                "logits": list(traced.logits), "output_names": traced.output_names,
+                "input_names": traced.input_names, "block_chain": isinstance(traced.module, BlockChain)}
+
+    def _traced(self, job: Job) -> None:
+        from ..artifacts.samples import keep_audio
+        from ..memory import ALONE_STEPS, step_bytes
+        from .work import GraphRef
+
+        if job.error is not None:
+            return
+        self._line(job)
+        info = self.info = job.result
+        self.timings["trace_s"] = round(job.ended - job.started, 3)
+        self.run.note_capture(info["capture"])
+        rec = self.run.store.put_bytes(f"parity-inputs/{self.name}.npz", info.pop("parity_npz"))
+        self.info["parity_inputs"] = {**rec.to_json(), "samples": info["heldout"]["count"]}
+        self.info["samples"] = keep_audio(self.run.store.put_bytes, f"{self.name}-fp32", info.pop("audio"),
+                                          self.component.audio_outputs)
+        wb = info["weight_bytes"]
+        heavy = wb >= HEAVY_BYTES
+        self.slow = self.run.slow_samples(wb, info["heldout"]["count"])
+        if self.slow is not None:
+            self._worst_first()
+            self.run.progress.note(f"{self.name}: {wb / 2**30:.2f} GiB of weights: the HTP simulator and portable "
+                                   f"kernels score {len(self.slow)} of {info['heldout']['count']} held-out samples "
+                                   f"(--sim-samples)")
+        self.ref = GraphRef(self.run.opts.recipe.name, self.run.checkpoint_path(), json.dumps(self.run.recipe_options),
+                            str(self.run.store.root), self.name, str(self.work / "inputs"), tuple(info["counts"]),
+                            (info["calibration"]["source"], info["heldout"]["source"]), self.run.opts.target.name,
+                            str(self.work), json.dumps(self.run.lowering_options(self.name)),
+                            json.dumps({"inputs": info["inputs"], "outputs": info["outputs"], "logits": info["logits"]}),
+                            wb if heavy else 0)
+        if heavy:        # each step in a process of its own, holding its estimated peak on the memory gate
+            for jid in list(self.open):
+                j = self.graph.jobs[jid]
+                kind = MEMORY_KIND.get(j.kind)
+                if j.state == "waiting" and j.where == "worker" and kind:
+                    j.fresh = True
+                    j.memory = step_bytes(kind, wb) if kind else 0
+                    j.alone = kind in ALONE_STEPS
+        crash_point("traced")
+        self._close(job)
+
+    def _state(self, job: Job) -> None:
+        """An intermediate graph's job ended: a failure is recorded for the builds that needed it."""
+        if job.error is not None:
+            from ..artifacts.store import is_disk_full
+
+            if is_disk_full(job.error):
+                raise job.error
+            job.result = {"error": short(job.error)}
+            job.state = "done"          # its dependents start, and fail with its reason (UpstreamFailed)
+        self.states[job.id] = job.result
+        self._close(job)
+
+    def _worst_first(self) -> None:
+        """Slow runners score a subset of the held-out samples: make each wait for the ONNX build of
+        its precision on ORT CPU, whose per-sample scores pick the samples it scores (the worst)."""
+        for b in self.builds:
+            if b.format == Format.ONNX or (b.format == Format.PTE and b.precision != Precision.W8A16):
+                continue
+            onnx = self._id("score", "onnx", b.precision.value)
+            mine = self._id("score", b.format.value, b.precision.value)
+            if onnx in self.graph and self.graph.jobs[mine].kind != "score-shared":
+                self.graph.add_dep(mine, onnx)
+
+    def _graph_seconds(self, spec: BuildSpec) -> float:
+        """Seconds of the intermediate graphs this build lowered from (the fp32 ONNX export, its fp16 or
+        QDQ form): jobs of their own, shared with the component's other builds of that graph."""
+        ids = [] if spec.format == Format.PTE else [self._id("export")]
+        if spec.format != Format.PTE and spec.precision == Precision.FP16:
+            ids.append(self._id("fp16"))
+        elif spec.format != Format.PTE and spec.precision.quantized:
+            ids.append(self._id("quantize", spec.precision.value))
+        jobs = [self.graph.jobs[i] for i in ids if i in self.graph.jobs]
+        return round(sum((j.ended or 0) - (j.started or 0) for j in jobs if j.ended and j.started), 3)
+
+    def _slow_indices(self, precision: Precision) -> tuple[list[int] | None, str]:
+        """The held-out samples a slow runner scores, and how they were chosen."""
+        per = self.per_sample.get(precision.value)
+        if self.slow is None or not per or len(per) <= len(self.slow):
+            return self.slow, "evenly spread"
+        worst = sorted(range(len(per)), key=lambda k: per[k])[:len(self.slow)]
+        return sorted(worst), "the lowest SNR of the ONNX build on ORT CPU"
+
+    # ------------------------------------------------------------------------------------ lower
+    def _bind_lower(self, jobs, i: int, src: str):
+        from . import work
+
+        spec = self.builds[i]
+        states = []
+        if spec.format != Format.PTE:
+            # the fp32 ONNX (and its rewrite report) first, then the graph this precision lowers from
+            states = self._deps_states(jobs, *dict.fromkeys((self._id("export"), src)))
+        staging = self.run.store.staging(spec.filename)
+        return work.lower, (self.ref, states, spec, str(staging))
+
+    def _lowered_done(self, job: Job, i: int) -> None:
+        spec = self.builds[i]
+        self._lowered[i] = {"seconds": (job.ended or time.time()) - (job.started or time.time())}
+        if job.error is not None:
+            from ..artifacts.store import is_disk_full
+
+            if is_disk_full(job.error):
+                raise job.error
+            reason = f"lowering failed: {short(job.error)}"
+            self.entries[i] = _failed(self._entry(spec), self.thresholds[spec.precision], reason,
+                                      self._lowered[i]["seconds"])
+            self._line(job, reason, failed=True)
+        else:
+            crash_point("lowered")
+            self._line(job)
+            score = self.graph.jobs.get(self._id("score", spec.format.value, spec.precision.value))
+            if score is not None and score.where == "worker" and self.info.get("weight_bytes", 0) >= HEAVY_BYTES:
+                from ..memory import ALONE_STEPS, step_bytes
+
+                kind = _step_kind(job.result.runner)
+                score.memory, score.alone, score.fresh = (step_bytes(kind, self.info["weight_bytes"]),
+                                                          kind in ALONE_STEPS, True)
+        self._close(job)
+
+    # ------------------------------------------------------------------------------------ score
+    def _bind_score(self, jobs, i: int, lower_id: str):
+        from . import work
+
+        runner = jobs[lower_id].result.runner
+        jobs[self._id("score", self.builds[i].format.value, self.builds[i].precision.value)].label += f" on {runner.short}"
+        chosen, how = self._slow_indices(self.builds[i].precision) if _is_slow(self.builds[i], runner) else (None, "")
+        self._lowered[i]["samples"], self._lowered[i]["chosen"] = chosen, how
+        self._lowered[i]["submitted"] = time.time()
+        return work.score, (runner, self.ref, self._lowered[i]["samples"])
+
+    def _bind_shared(self, jobs, i: int, deps: tuple):
+        """A DLC's score: its context binary's run (the same QNN graph from the same source and options)."""
+        runner = jobs[deps[0]].result.runner
+        jobs[self._id("score", self.builds[i].format.value, self.builds[i].precision.value)].label += f" on {runner.short}"
+        return _shared_outputs, (jobs[deps[1]].result,)
+
+    def _scored(self, job: Job, i: int) -> None:
+        from ..artifacts.samples import keep_audio
+        from ..parity.gate import judge
+        from ..parity.metrics import score_outputs
+        from .work import _mapped
+
+        spec = self.builds[i]
+        if self.entries[i] is not None:           # lowering failed: already recorded
+            self._close(job)
+            return
+        lower = self.graph.jobs[self._id("lower", spec.format.value, spec.precision.value)]
+        built, entry = lower.result, self._entry(spec)
+        runner = built.runner
+        threshold = self.thresholds[spec.precision]
+        shared = job.kind == "score-shared"
+        if shared:
+            entry["outputs_from"] = Format.CTX.value
+            ctx_i = self.builds.index(self._ctx_sibling(spec))
+            self._lowered[i]["samples"] = self._lowered.get(ctx_i, {}).get("samples")
+            self._lowered[i]["chosen"] = self._lowered.get(ctx_i, {}).get("chosen")
+            self._lowered[i]["submitted"] = job.started
+        samples = self._lowered[i].get("samples")
+        t_lower = self._lowered[i]["seconds"]
+        if job.error is not None:
+            error = f"runner failed: {short(job.error)}"
+            self.run.store.commit(built.files, accepted=False)
+            self.entries[i] = _failed(entry, threshold, error, t_lower, runner=runner.to_json())
+            self._line(job, error, failed=True)
+            self._close(job)
+            return
+        outputs = job.result
+        refs = list(_mapped(self.ref, "reference", self.info["output_names"]))
+        reference = refs if samples is None else [refs[k] for k in samples]
+        scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
+                               self.component.tie_margins)
+        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min)
+        text = _headline(verdict, self.component.gated_outputs) + (" — shares the ctx's run" if shared else "")
+        self._line(job, text, failed=not verdict.accepted, seconds=None if shared else getattr(outputs, "wall_s", None))
+        records = self.run.store.commit(built.files, verdict.accepted)
+        parity = {"runner": runner.to_json(), "threshold_db": verdict.threshold_db, "verdict": verdict.status,
+                  "reason": verdict.reason, "outputs": [s.to_json() for s in verdict.scores],
+                  "samples": len(reference)}
+        if samples is not None:
+            how = self._lowered[i].get("chosen") or "evenly spread"
+            parity["samples_note"] = (f"{len(reference)} of {len(refs)} held-out samples (indices {samples}, {how}): "
+                                      f"a slow runner on a graph past {HEAVY_BYTES >> 20} MB of weights (--sim-samples)")
+        if spec.format == Format.ONNX and samples is None and self.slow is not None:
+            per = self.per_sample[spec.precision.value] = _per_sample_snr(
+                self.info["output_names"], reference, outputs, self.component.gated_outputs)
+            parity["per_sample_snr_db"] = [round(x, 3) if abs(x) != float("inf") else None for x in per]
+        entry.update({
+            "status": verdict.status,
+            "files": [r.to_json() for r in records],
+            "parity": parity,
+            "details": built.details,
+            "samples": keep_audio(self.run.store.put_bytes, f"{spec.component}-{spec.format.value}-{spec.precision.value}",
+                                  outputs, self.component.audio_outputs),
+            "timings": {"lower_s": round(t_lower, 3), "graph_s": self._graph_seconds(spec),
+                        "run_wait_s": round(time.time() - (self._lowered[i].get("submitted") or job.started), 3)},
+        })
+        self.entries[i] = entry
+        self._close(job)
+
+    # ------------------------------------------------------------------------------------ attribution
+    def _add_attribution(self, p: Precision, on_cpu: bool) -> None:
+        from . import work
+
+        deps = (self._id("trace"),)
+        self._add(Job(self._id("attribute", p.value), "attribute", deps,
+                      label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU)" if on_cpu else ""),
+                      bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES)),
+                      done=lambda job: self._attributed(job, p),
+                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
+
+    def _attributed(self, job: Job, p: Precision) -> None:
+        if job.error is not None:
+            self.attribution[p.value] = [{"block": "*", "snr_db": None, "error": short(job.error)}]
+        elif job.result:
+            self.attribution[p.value] = job.result
+        self._line(job)
+        self._close(job)
+
+    def _maybe_attribute(self) -> bool:
+        """--attribution auto, once every build is scored: examine the precisions with a rejected build."""
+        if self.run.opts.attribution != "auto" or any(j.startswith(self._id("attribute")) for j in self.graph.jobs):
+            return False
+        if not self.info.get("block_chain"):
+            return False
+        entries = [e for e in self.entries if e is not None]
+        late = [p for p in _attribution_precisions(self.builds)
+                if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte" for e in entries)]
+        for p in late:
+            self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p))
+        return bool(late)
+
+    # ------------------------------------------------------------------------------------ finish
+    def _close(self, job: Job) -> None:
+        self.open.discard(job.id)
+        if self.open:
+            return
+        if all(e is not None for e in self.entries) and self._maybe_attribute():
+            return
+        self._finalize()
+
+    def _finalize(self) -> None:
+        entries = [e for e in self.entries if e is not None]
+        _link_attribution(entries, self.attribution)
+        kept = self._keep_for_hub(entries) if self.ref else {}
+        rewrites = next((s.get("rewrite_report") for s in self.states.values() if s.get("rewrite_report")), [])
+        # The intermediate graphs are done with: at 1.7B a talker graph's come to ~12 GB.
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.timings["total_s"] = round(time.time() - self.t0, 3)
+        info, c = self.info, self.component
+        self.record = {
+            "accepted": any(e["status"] == "accepted" for e in entries),
+            "inputs": info.get("inputs", []), "outputs": info.get("outputs", []),
+            "calibration": info.get("calibration"), "heldout": info.get("heldout"),
+            **({"capture": {"cache": "hit" if cc["hit"] else cc.get("store", "off"), "key": cc["key"]}}
+               if (cc := info.get("capture")) else {}),
+            "weight_bytes": info.get("weight_bytes"),
+            **({"fp32_on_cpu": c.fp32_on_cpu} if c.fp32_on_cpu else {}),
+            "agreement_min": c.agreement_min,
+            "tie_margins": dict(c.tie_margins),
+            "parity_inputs": info.get("parity_inputs"),
+            **kept,
+            "rewrites": rewrites,
+            "attribution": self.attribution,
+            "gated_outputs": list(c.gated_outputs),
+            "samples": info.get("samples", []),
+            "timings": self.timings,
+        }
+        self.run.component_done(self)
+
+    def _keep_for_hub(self, entries: list[dict]) -> dict:
+        """sources/ and the calibration inputs AI Hub compiles accepted builds from (artifacts/inputs.py)."""
+        from ..artifacts import inputs
+        from ..exporters.onnx import inline_copy
+        from .work import _mapped
+
+        keys, quantized = inputs.hub_sources(self.run.opts.target, entries)
+        made = {k: Path(v) for s in self.states.values() for k, v in s.get("onnx", {}).items()}
+        sources = {}
+        for key in keys:
+            src = made.get(key)
+            one = inline_copy(src, src.with_name(src.stem + ".inline.onnx")) if src else None
+            sources[key] = one if one is not None else {
+                "error": "the ONNX is past 2 GB with external data, which is not kept for AI Hub yet" if src
+                else "its intermediate graph was not made"}
+        calibration = _mapped(self.ref, "calibration", self.info["input_names"])
+        return inputs.keep_for_hub(self.run.store, self.run.opts.recipe.name, self.run.opts.target, self.name,
+                                   sources, calibration, quantized)
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _entry(self, spec: BuildSpec) -> dict:
+        return {"name": spec.name, "component": spec.component, "format": spec.format.value,
+                "precision": spec.precision.value, "target": spec.target}
+
+    def _line(self, job: Job, text: str = "", failed: bool = False, label: str | None = None,
+              seconds: float | None = None) -> None:
+        from ..progress import StageNote
+
+        note = StageNote()
+        note.text, note.failed = text, failed
+        note.seconds = seconds if seconds is not None else (job.ended or time.time()) - (job.started or time.time())
+        self.run.progress.job_finished(label or job.label, note)
+
+
+def _per_sample_snr(names, refs, outs, gated) -> list[float]:
+    """Per held-out sample: the lowest SNR over the gated float outputs (agreement outputs skipped)."""
+    from ..parity.metrics import score_outputs
+
+    out = []
+    for r, o in zip(refs, outs):
+        snrs = [s.snr_db if s.finite else float("-inf") for s in score_outputs(names, [r], [o])
+                if s.agreement is None and (not gated or s.name in gated)]
+        out.append(min(snrs) if snrs else float("inf"))
+    return out
+
+
+def _shared_outputs(outputs):
+    return outputs
+
+
+def _failed(entry: dict, threshold: float, reason: str, seconds: float, runner: dict | None = None) -> dict:
+    entry.update({"status": "rejected", "files": [], "error": reason,
+                  "parity": {"runner": runner, "threshold_db": threshold, "verdict": "rejected",
+                             "reason": reason, "outputs": []},
+                  "details": {}, "timings": {"lower_s": round(seconds, 3)}})
+    return entry
+
+
+def _headline(verdict, gated) -> str:
+    """A verdict in a few words: `41.2 dB, accepted` (the lowest gated SNR) or `rejected: <reason>`."""
+    snrs = [s.snr_db for s in verdict.scores
+            if (not gated or s.name in gated) and s.agreement is None and s.finite]
+    if verdict.accepted and snrs:
+        return f"{min(snrs):.1f} dB, accepted"
+    return f"{verdict.status}: {verdict.reason}"
+
+
+def _is_slow(spec: BuildSpec, runner) -> bool:
+    return runner.kind == "qnn-htp" or (runner.kind == "executorch" and spec.precision == Precision.W8A16)
+
+
+def _step_kind(runner) -> str:
+    """The memory.STEP_FACTORS entry of a scoring run: the simulator loading a compiled context binary
+    needs less than one compiling its source ONNX."""
+    if runner.kind == "qnn-htp" and runner.model.endswith(".ctx.onnx"):
+        return "qnn-htp-ctx"
+    if runner.lean:
+        return "ort-cpu-lean"
+    return runner.kind
+
+
+def _weight_bytes(module) -> int:
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _attribution_precisions(builds) -> list[Precision]:
+    return sorted({b.precision for b in builds if b.format != Format.PTE}, key=list(Precision).index)
+
+
+def _scored_low_on_cpu(entries: list[dict], precision: Precision) -> bool:
+    """The ONNX build at this precision ran on ORT CPU and scored below its gate, and every other
+    build at this precision lowered and ran: the loss is the quantization's own, and ORT shows where
+    it happens as the HTP simulator does, at a fraction of the time (real-size Code2Wav w8a16: 11
+    blocks, 670 s on the simulator). A build that failed to compile or run keeps the attribution on
+    the target's runner: lowering each block alone there names the block that fails (how Code2Wav's
+    QNN_COMMON_ERROR_MEM_ALLOC was traced to its last DecoderBlock)."""
+    mine = [e for e in entries if e["precision"] == precision.value]
+    return (any(e["format"] == "onnx" and e["status"] == "rejected" and not e.get("error") for e in mine)
+            and not any(e.get("error") for e in mine))
+
+
+def _link_attribution(entries: list[dict], attribution: dict) -> None:
+    """Name the weakest block in the reason of every rejected build."""
+    for e in entries:
+        if e["status"] != "rejected":
+            continue
+        rows = attribution.get(e["precision"], [])
+        bad = [r for r in rows if r.get("finite") is False or r.get("error")]
+        ok = [r for r in rows if r.get("snr_db") is not None]
+        if bad:
+            r = bad[0]
+            e["parity"]["reason"] += f"; block {r['block']} " + ("has NaN/Inf" if r.get("finite") is False
+                                                                else f"failed: {r.get('error')}")
+        elif ok:
+            r = min(ok, key=lambda r: r["snr_db"])
+            e["parity"]["reason"] += f"; weakest block: {r['block']} {r['snr_db']:.1f} dB"

@@ -1,0 +1,141 @@
+"""The local executor: worker processes on this machine, as many as it has cores by default.
+
+Workers are spawned (torch and ONNX Runtime threads do not survive a fork) and long-lived, so a
+worker keeps what it loaded for a component (its module, its exported program) for the next job of
+that component. A job marked `fresh` (a step of a graph past 256 MB of weights, which takes GiBs and
+whose libraries keep what they allocate) gets a process of its own that exits with the job.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+
+from .scheduler import JobResult
+
+
+def cores() -> int:
+    """Cores this process may run on (the affinity mask, which containers and taskset narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+WORKER_BYTES = 3 << 29     # what one long-lived worker may come to hold (torch, ExecuTorch, a graph's sessions): 1.5 GiB
+
+
+def default_workers() -> int:
+    """One worker per core, as many as the memory free now leaves room for (WORKER_BYTES each)."""
+    from ..memory import available_bytes
+
+    free = available_bytes()
+    return max(1, min(cores(), free // WORKER_BYTES if free else cores()))
+
+
+def init_worker(threads: int, role: str = "job worker", bind: tuple[int, ...] | None = None) -> None:
+    """Initializer of a spawned worker: bound to the cores `bind` (before any library starts threads),
+    dies with its parent, quiet libraries, `threads` math threads."""
+    import warnings
+
+    if bind and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(bind))
+
+    from ..parity.pool import exit_with_parent, mark_process
+    from ..quiet import quiet_library_logs
+
+    exit_with_parent()
+    mark_process(role)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    os.environ["OMNI_EXPORT_JOB_THREADS"] = str(threads)
+    os.environ["OMNI_EXPORT_IN_WORKER"] = "1"     # exporters.lower.isolated: already a process of its own
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    quiet_library_logs()
+    import torch
+
+    torch.set_num_threads(threads)
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)
+
+
+def call(fn, args) -> JobResult:
+    """Run one job in a worker; its CPU seconds are this process's (every thread) and its children's."""
+    import resource
+
+    def cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    t0 = cpu()
+    value = fn(*args)
+    return JobResult(value, cpu() - t0)
+
+
+class LocalExecutor:
+    """submit(job, fn, args) -> Future of a JobResult. `workers` job slots (default_workers()).
+
+    Slot i is one worker process bound to its own share of the cores (`slot_cores`), set as the
+    process starts, before any library makes its threads. The HTP simulator otherwise keeps a thread
+    spinning on every core it may use: measured on the demo Code2Wav fp16 context binary, 30.9 s of wall
+    for 61.4 CPU-s in a process that may use both cores, 30.9 s for 30.7 CPU-s bound to one -- the
+    second core's work was waste, taken from the job beside it."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, threads: int | None = None):
+        self.slots = max(1, workers or default_workers())
+        self.cores = slot_cores(self.slots)
+        self.threads = threads or len(self.cores[0])
+        self._pools: list[cf.ProcessPoolExecutor | None] = [None] * self.slots
+        self._running: list[cf.Future | None] = [None] * self.slots
+        self._fresh: set[cf.ProcessPoolExecutor] = set()
+
+    def describe(self) -> dict:
+        return {"executor": self.name, "workers": self.slots, "threads_per_worker": self.threads}
+
+    def _pool(self, i: int, fresh: bool, role: str) -> cf.ProcessPoolExecutor:
+        if fresh or self._pools[i] is None:
+            pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=init_worker,
+                                          initargs=(self.threads, role, self.cores[i]),
+                                          max_tasks_per_child=1 if fresh else None)
+            if not fresh:
+                self._pools[i] = pool
+            return pool
+        return self._pools[i]
+
+    def submit(self, job, fn, args) -> cf.Future:
+        # a slot is free once its last job's future is done (the scheduler never runs more jobs than slots)
+        i = next(k for k, f in enumerate(self._running) if f is None or f.done())
+        pool = self._pool(i, job.fresh, f"{job.kind} job process" if job.fresh else "job worker")
+        fut = self._running[i] = pool.submit(call, fn, args)
+        if job.fresh:
+            self._fresh.add(pool)
+
+            def close(_f, pool=pool):
+                self._fresh.discard(pool)
+                pool.shutdown(wait=False)
+            fut.add_done_callback(close)
+        return fut
+
+    def close(self, abort: bool = False) -> None:
+        pools = [p for p in self._pools if p is not None] + list(self._fresh)
+        for pool in pools:
+            if abort:
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):   # no public way
+                    proc.terminate()
+            pool.shutdown(wait=not abort, cancel_futures=True)
+        self._pools = [None] * self.slots
+        self._fresh = set()
+
+
+def slot_cores(slots: int) -> list[tuple[int, ...]]:
+    """The cores each worker slot is bound to: an equal share of this process's cores each (a core
+    shared round-robin when there are more slots than cores)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cores()))
+    if slots >= len(allowed):
+        return [(allowed[i % len(allowed)],) for i in range(slots)]
+    k = len(allowed) // slots
+    return [tuple(allowed[i * k:(i + 1) * k]) for i in range(slots)]

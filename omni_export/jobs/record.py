@@ -1,0 +1,169 @@
+"""Record: what a finished job graph found, as the manifest (options, toolchain, builds, summary), and
+the end-to-end rows the recipe runs over the accepted builds."""
+from __future__ import annotations
+
+import time
+
+from ..artifacts import manifest as mf
+from ..core import Precision
+from ..recipes import load_callable
+from .component import HEAVY_BYTES, SLOW_SAMPLES
+from .errors import short
+from .plan import Plan, RunOptions
+
+
+def gate(opts: RunOptions, component, precision: Precision) -> float:
+    return float(opts.gates.get(precision, component.gate_db(precision)))
+
+
+def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int] | None:
+    """Indices of the held-out samples slow runners score (evenly spread); None: all of them."""
+    n = opts.sim_samples
+    if n is None:
+        n = SLOW_SAMPLES if weight_bytes >= HEAVY_BYTES else 0
+    if n <= 0 or n >= heldout:
+        return None
+    return sorted({round(i * (heldout - 1) / max(1, n - 1)) for i in range(n)})
+
+
+def e2e_runners(opts: RunOptions, manifest: dict) -> dict:
+    """Runner kind -> precisions for end-to-end parity ({} when the recipe or user skips it)."""
+    if not opts.recipe.end_to_end or opts.e2e == ():
+        return {}
+    kinds = opts.e2e or (("htp",) if opts.target.has_htp and not heavy(manifest) else ("ort",))
+    fmt = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
+    order = [p.value for p in Precision]
+    runners = {}
+    for k in kinds:
+        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k] and not (
+            b["precision"] == "fp32" and manifest["components"].get(b["component"], {}).get("fp32_on_cpu"))},
+            key=order.index)           # a graph kept at fp32 on the CPU makes no fp32 row of its own
+        if precs:
+            runners[k] = tuple(precs)
+    return runners
+
+
+def heavy(manifest: dict) -> list[str]:
+    """Components whose graphs are past HEAVY_BYTES of weights: the HTP simulator needs tens of
+    seconds per call for them, so end-to-end parity (hundreds of calls) runs on ORT CPU instead."""
+    return sorted(c for c, info in manifest["components"].items()
+                  if (info.get("weight_bytes") or 0) >= HEAVY_BYTES)
+
+
+def e2e_runner_note(opts: RunOptions, manifest: dict) -> str | None:
+    big = heavy(manifest)
+    if opts.e2e or not opts.target.has_htp or not big:
+        return None
+    return (f"end-to-end parity runs on ORT CPU (the fp16 / QDQ ONNX builds): {', '.join(big)} "
+            f"past {HEAVY_BYTES >> 20} MB of weights take tens of seconds per call on the HTP simulator")
+
+
+def end_to_end(opts: RunOptions, model, manifest: dict, runners: dict, progress) -> list[dict]:
+    """Whole-pipeline parity through the built graphs, when the recipe defines it."""
+    if not opts.recipe.end_to_end or opts.e2e == ():
+        return []
+    try:
+        return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
+    except Exception as e:  # a failing runner is a rejected pipeline, recorded with its reason
+        return [{"runner": ",".join(runners), "precision": ",".join(sorted({p for v in runners.values() for p in v})),
+                 "verdict": "rejected", "reason": f"end-to-end run failed: {short(e)}"}]
+
+
+def rewrites(opts: RunOptions) -> tuple[str, ...]:
+    return opts.target.rewrites if opts.rewrites is None else tuple(opts.rewrites)
+
+
+def lowering_options(opts: RunOptions, component: str) -> dict:
+    """How a component's graphs (and its attribution blocks) are lowered: the target's rewrites and the
+    component's QDQ choices."""
+    c = opts.recipe.component(component)
+    return {"rewrites": rewrites(opts), "headroom": c.activation_headroom,
+            "per_channel_linears": c.per_channel_linears, "weight_rounding": c.weight_rounding,
+            "htp_finalize": opts.htp_finalize}
+
+
+def recipe_options(opts: RunOptions) -> dict:
+    values = {o.name: o.default for o in opts.recipe.options}
+    values.update({k: v for k, v in opts.recipe_options.items() if v is not None})
+    return values
+
+
+def manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, seconds: float) -> dict:
+    t = opts.target
+    return {
+        "schema_version": mf.SCHEMA_VERSION,
+        "tool": "omni-export",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": {"name": opts.recipe.name, "version": opts.recipe.version, "doc": opts.recipe.doc},
+        "checkpoint": checkpoint_info,
+        "target": {"name": t.name, "device": t.device, "soc": t.soc, "soc_model": t.soc_model,
+                   "htp_arch": t.htp_arch, "hub_device": t.hub_device, "rewrites": list(t.rewrites),
+                   "placement": {c: t.place(c).unit for c in sorted({b.component for b in the_plan.builds})}},
+        "options": {"components": sorted({b.component for b in the_plan.builds}),
+                    "precisions": sorted({b.precision.value for b in the_plan.builds}),
+                    "formats": sorted({b.format.value for b in the_plan.builds}),
+                    "attribution": opts.attribution, "rewrites": list(rewrites(opts)), "jobs": opts.jobs,
+                    "gates_db": {p.value: v for p, v in opts.gates.items()},
+                    "sim_samples": opts.sim_samples, "htp_optimization": opts.htp_finalize,
+                    "recipe_options": recipe_options(opts)},
+        "toolchain": mf.toolchain(),
+        "host": mf.host(),
+        "components": components,
+        "builds": entries,
+        "skipped": the_plan.skipped,
+        "summary": summary(entries, components),
+        "timings": {"total_s": round(seconds, 3)},
+    }
+
+
+def summary(entries: list[dict], components: dict, e2e: list[dict] = ()) -> dict:
+    ran = [r for r in e2e if r["verdict"] != "skipped"]
+    return {
+        "accepted": sum(e["status"] == "accepted" for e in entries),
+        "rejected": sum(e["status"] == "rejected" for e in entries),
+        "components_without_accepted_build": sorted(c for c, i in components.items() if not i["accepted"]),
+        # the pipeline ran end to end on some runner and never stayed within its gate
+        "end_to_end_failed": bool(ran) and not any(r["verdict"] == "accepted" for r in ran),
+    }
+
+
+def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started: float) -> dict:
+    """The manifest of a finished job graph, the end-to-end rows, the reports; OUT's documents written last."""
+    from ..artifacts import reproducibility as repro
+    from ..reports import write_reports
+
+    opts, model = build.opts, build.loaded_model
+    entries = [e for name in order for e in build.entries.get(name, [])]
+    components = {name: build.components[name] for name in order if name in build.components}
+    info = model.info if model is not None else build.previous["checkpoint"]
+    m = manifest(opts, info, the_plan, entries, components, time.time() - started)
+    m["created"] = build.created
+    m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
+                        **({"memory_gate": build.memory_gate} if build.memory_gate else {}),
+                        "graph": [j.record() for j in graph.jobs.values()]}
+    runners = e2e_runners(opts, m)
+    reused_e2e = build.cache.reuse_e2e(runners)
+    if not runners:
+        m["end_to_end"] = []          # nothing built for a runner the end-to-end check drives
+    elif reused_e2e is not None:
+        m["end_to_end"] = reused_e2e
+        if reused_e2e:
+            build.progress.note("end-to-end parity: every graph unchanged, its rows reused from the cache")
+    else:
+        note = e2e_runner_note(opts, m)
+        if note:
+            build.progress.note(note)
+            m["end_to_end_runner_note"] = note
+        m["end_to_end"] = end_to_end(opts, build.model(), m, runners, build.progress)
+        model = build.loaded_model
+    m["summary"] = summary(entries, components, m["end_to_end"])
+    model_seeds = getattr(model, "seeds", {}) if model is not None else {
+        k: v for k, v in (build.previous.get("seeds") or {}).items() if k not in seeds}
+    m["seeds"] = {**seeds, **model_seeds}
+    m["reproducibility"] = repro.declared(m)
+    m["cache"] = build.cache.summary(build.available or sorted(components), runners, reused_e2e is not None)
+    m["timings"]["total_s"] = round(time.time() - started, 3)
+    with build.progress.stage("write parity.json, report.md, report.html"):
+        write_reports(build.store.root, m, write=build.store.write_text)
+    build.store.finish(m)
+    return m

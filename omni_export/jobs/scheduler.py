@@ -1,0 +1,159 @@
+"""One scheduler for every build: ready jobs start on the executor's workers as slots and memory allow.
+
+- Order: the longest remaining chain first (JobGraph.remaining_path), so the jobs everything else
+  waits on start first, across components: the talker's scoring overlaps the predictor's lowering.
+- Slots: as many worker jobs at once as the executor has workers; driver jobs run one at a time in a
+  thread of the build process (they need the loaded model) beside them.
+- Memory: a job with a `memory` estimate holds it on a memory.MemoryGate while it runs (the gate's
+  rules: a job always starts when nothing else is held, so a tight budget is slower, never stuck;
+  `alone` jobs run with nothing heavy beside them unless a --max-memory budget lets them overlap).
+  The scheduler only starts a heavy job whose reservation fits now; it never blocks on the gate.
+- A worker job that raises fails, and so does every job below it, each told why. Ctrl-C, a fatal
+  error (a full disk, a bad input) and a failed driver job stop the build: running jobs are terminated.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from typing import Callable
+
+from .graph import Job, JobGraph
+
+
+class Fatal(Exception):
+    """Wraps an error that must stop the whole build (a full disk), not just fail its job."""
+
+
+class Scheduler:
+    def __init__(self, graph: JobGraph, executor, gate=None, on_start: Callable[[Job], None] | None = None,
+                 on_end: Callable[[Job], None] | None = None, is_fatal: Callable[[BaseException], bool] | None = None,
+                 on_status: Callable[[list, int, int], None] | None = None):
+        from ..memory import NO_GATE
+
+        self.graph = graph
+        self.executor = executor
+        self.gate = gate or NO_GATE
+        self.on_start = on_start or (lambda job: None)
+        self.on_end = on_end or (lambda job: None)
+        self.is_fatal = is_fatal or (lambda e: False)
+        self.on_status = on_status or (lambda running, done, total: None)
+        self._driver = cf.ThreadPoolExecutor(1, thread_name_prefix="driver-job")
+        self._running: dict[cf.Future, Job] = {}
+        self._waiting_since: dict[str, float] = {}
+        self.started = time.time()
+
+    # ---- what may start now
+    def _fits(self, job: Job) -> bool:
+        if job.memory <= 0:
+            return True
+        return self.gate.try_acquire(job.memory, job.alone)
+
+    def _worker_slots(self) -> int:
+        return self.executor.slots - sum(1 for j in self._running.values() if j.where == "worker")
+
+    def _driver_busy(self) -> bool:
+        return any(j.where == "driver" for j in self._running.values())
+
+    def _start_ready(self) -> None:
+        rem = self.graph.remaining_path()
+        heavy_held_back = False        # an `alone` job waits: nothing heavy may start before it
+        for job in sorted(self.graph.ready(), key=lambda j: -rem[j.id]):
+            if job.where == "driver":
+                if self._driver_busy():
+                    continue
+            elif self._worker_slots() <= 0:
+                continue
+            if job.memory > 0 and heavy_held_back:
+                continue
+            if not self._fits(job):
+                if job.id not in self._waiting_since:
+                    self._waiting_since[job.id] = time.monotonic()
+                    self.gate.waits += 1
+                heavy_held_back = heavy_held_back or job.alone
+                continue
+            if job.id in self._waiting_since:
+                self.gate.waited_s += time.monotonic() - self._waiting_since.pop(job.id)
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        job.state, job.started = "running", time.time()
+        try:
+            fn, args = job.bind(self.graph.jobs) if job.bind else (None, ())
+        except BaseException as e:            # binding failed: the job fails, nothing was started
+            fut: cf.Future = cf.Future()
+            fut.set_exception(e)
+        else:
+            self.on_start(job)
+            if job.where == "driver":
+                fut = self._driver.submit(fn, *args)
+            else:
+                fut = self.executor.submit(job, fn, args)
+        self._running[fut] = job
+
+    # ---- the loop
+    def run(self) -> None:
+        try:
+            while True:
+                self._start_ready()
+                if not self._running:
+                    break
+                done, _ = cf.wait(list(self._running), timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    self._finish(self._running.pop(fut), fut)
+                self._status()
+        except BaseException:
+            self.executor.close(abort=True)
+            for fut in self._running:
+                fut.cancel()
+            raise
+        finally:
+            self._driver.shutdown(wait=False, cancel_futures=True)
+
+    def _status(self) -> None:
+        now = time.time()
+        running = sorted(((j.label or j.id, now - j.started) for j in self._running.values()), key=lambda x: -x[1])
+        finished = sum(j.state in ("done", "failed") for j in self.graph.jobs.values())
+        self.on_status(running, finished, len(self.graph))
+
+    def _finish(self, job: Job, fut: cf.Future) -> None:
+        job.ended = time.time()
+        if job.memory > 0:
+            self.gate.release(job.memory)
+        try:
+            result = fut.result()
+        except BaseException as e:
+            job.state, job.error = "failed", e
+            # a driver job (a trace) failing is the build's failure: a bad input, or a bug to see whole
+            if isinstance(e, (KeyboardInterrupt, Fatal)) or self.is_fatal(e) or job.where == "driver":
+                raise
+        else:
+            if isinstance(result, JobResult):
+                job.cpu_s = result.cpu_s
+                result = result.value
+            job.state, job.result = "done", result
+        self.on_end(job)
+        if job.done is not None:
+            job.done(job)                   # may turn a failure into a result its dependents handle
+        if job.state == "failed":
+            self._block_below(job)
+
+    def _block_below(self, job: Job) -> None:
+        """Jobs that need a failed job never run: each ends failed, and its driver side hears why."""
+        from .errors import UpstreamFailed
+
+        for jid in list(self.graph.children(job.id)):
+            child = self.graph.jobs[jid]
+            if child.state != "waiting":
+                continue
+            child.state, child.error = "failed", UpstreamFailed(f"{job.id} failed: {job.error}")
+            child.started = child.ended = time.time()
+            if child.done is not None:
+                child.done(child)
+            self._block_below(child)
+
+
+class JobResult:
+    """A worker's answer: the job's value and the CPU seconds the job itself used."""
+
+    def __init__(self, value, cpu_s: float | None = None):
+        self.value, self.cpu_s = value, cpu_s

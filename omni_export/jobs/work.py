@@ -1,0 +1,188 @@
+"""What a worker runs: each job is a plain function of values and paths, returning values and paths.
+
+A worker rebuilds a component's graph from what the trace job left on disk: the recipe's loader on
+the checkpoint the driver resolved (weights are read per component, safetensors only) and the
+captured inputs and fp32 references as .npy files (read memory-mapped, no pickles). A long-lived
+worker keeps the last graphs it rebuilt for the next job of the same component.
+
+Intermediate graphs (fp32, fp16 and QDQ ONNX) are outputs of their own jobs; a job that needs one
+is handed its path (`Lowering.adopt`) and never makes it again.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+INPUT_KINDS = ("calibration", "heldout", "reference")
+_KEEP = 2            # graphs a long-lived worker keeps (a component's jobs tend to follow each other)
+_graphs: OrderedDict = OrderedDict()
+
+
+@dataclass(frozen=True)
+class GraphRef:
+    """Everything a worker needs to rebuild one component's traced graph."""
+    recipe: str
+    checkpoint: str                  # the checkpoint directory the driver's loader resolved
+    options: str                     # the recipe options, JSON
+    scratch: str                     # the loader's scratch directory (OUT)
+    component: str
+    inputs: str                      # directory of calibration/ heldout/ reference/ (MappedSamples)
+    counts: tuple[int, int, int]     # calibration, held-out, reference samples
+    sources: tuple[str, str]         # where the calibration and held-out inputs came from
+    target: str
+    work: str                        # the component's intermediate graphs
+    lowering: str                    # exporters.lower.Lowering keyword options, JSON
+    specs: str = "{}"                # the graph's inputs, outputs and logits, JSON
+    weight_bytes: int = 0            # > 0 only for graphs past HEAVY_BYTES (lean ORT sessions)
+
+
+def _lowering_kwargs(ref: GraphRef) -> dict:
+    from ..core import Precision
+
+    kw = json.loads(ref.lowering)
+    kw["rewrites"] = tuple(kw.get("rewrites") or ())
+    kw["headroom"] = {Precision(k): v for k, v in (kw.get("headroom") or {}).items()}
+    return kw
+
+
+def write_inputs(root: Path, traced) -> tuple[int, int, int]:
+    """The trace job's hand-off: a traced graph's inputs and references as .npy files."""
+    from ..exporters.onnx import MappedSamples
+
+    counts = []
+    for kind in INPUT_KINDS:
+        samples = getattr(traced, kind)
+        MappedSamples.write(samples, root / kind)
+        counts.append(len(samples))
+    return tuple(counts)
+
+
+def _mapped(ref: GraphRef, kind: str, names: tuple[str, ...]):
+    from ..exporters.onnx import MappedSamples
+
+    n = ref.counts[INPUT_KINDS.index(kind)]
+    return MappedSamples(Path(ref.inputs) / kind, n, names if n else ())
+
+
+def load_graph(ref: GraphRef, module: bool = False):
+    """(Lowering, Traced) of a component, made once per worker. The recipe's module (its weights) is
+    loaded only for the jobs that need it (`module`: ONNX export, .pte lowering, attribution); the
+    others work on files and the graph's I/O names."""
+    from ..core import TensorSpec
+    from ..exporters.lower import Lowering
+    from ..targets import get_target
+    from ..trace import Traced
+
+    if ref not in _graphs:
+        specs = json.loads(ref.specs)
+        ins = tuple(TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in specs["inputs"])
+        outs = tuple(TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in specs["outputs"])
+        names_in, names_out = tuple(s.name for s in ins), tuple(s.name for s in outs)
+        traced = Traced(ref.component, None, ins, outs, calibration=_mapped(ref, "calibration", names_in),
+                        heldout=list(_mapped(ref, "heldout", names_in)),
+                        reference=list(_mapped(ref, "reference", names_out)), calibration_source=ref.sources[0],
+                        heldout_source=ref.sources[1], logits=tuple(specs["logits"]))
+        lowering = Lowering(traced, get_target(ref.target), Path(ref.work), **_lowering_kwargs(ref))
+        lowering.weight_bytes = ref.weight_bytes
+        while len(_graphs) >= _KEEP:
+            _graphs.popitem(last=False)
+        _graphs[ref] = (lowering, traced)
+    _graphs.move_to_end(ref)
+    lowering, traced = _graphs[ref]
+    if module and traced.module is None:
+        from ..recipes import get_recipe, load_callable
+
+        recipe = get_recipe(ref.recipe)
+        options = {**json.loads(ref.options), "random-weights": False}     # the checkpoint is written already
+        model = load_callable(recipe.loader)(Path(ref.checkpoint), options, Path(ref.scratch))
+        traced.module = model.graph(ref.component).module.eval()
+    return lowering, traced
+
+
+def _adopted(ref: GraphRef, states: list[dict], module: bool = False):
+    lowering, traced = load_graph(ref, module)
+    for s in states:
+        lowering.adopt(s)
+    return lowering, traced
+
+
+# ---------------------------------------------------------------------------------- job functions
+
+def export_onnx(ref: GraphRef) -> dict:
+    """The fp32 ONNX (HTP-safe rewrites applied and checked in fp32)."""
+    from ..core import Precision
+
+    lowering, _ = load_graph(ref, module=True)
+    lowering.onnx(Precision.FP32)
+    return lowering.state()
+
+
+def to_fp16(ref: GraphRef, states: list[dict], qnn: bool) -> dict:
+    """The fp16 ONNX, and the QNN EP's fp16 source (shared MatMul weights) when an HTP build needs it."""
+    from ..core import Precision
+
+    lowering, _ = _adopted(ref, states)
+    lowering.onnx(Precision.FP16)
+    if qnn:
+        lowering.qnn_fp16()
+    return lowering.state()
+
+
+def quantize(ref: GraphRef, states: list[dict], precision: str) -> dict:
+    """The QDQ ONNX of a quantized precision, calibrated on the captured inputs."""
+    from ..core import Precision
+
+    lowering, _ = _adopted(ref, states)
+    lowering.onnx(Precision(precision))
+    return lowering.state()
+
+
+def lower(ref: GraphRef, states: list[dict], spec, staging: str):
+    """One artifact: exporters.lower.Built (files in `staging`, how to run them, details)."""
+    from ..core import Format
+
+    lowering, _ = _adopted(ref, states, module=spec.format == Format.PTE)
+    return lowering.build(spec, Path(staging))
+
+
+def score(spec, ref: GraphRef, indices: list[int] | None):
+    """A runner's outputs on held-out samples (all, or those `indices`), with the run's own seconds."""
+    from ..parity.pool import run_job
+
+    held = _mapped(ref, "heldout", spec.input_names)
+    return run_job(spec, list(held) if indices is None else [held[i] for i in indices])
+
+
+def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, limit: int) -> list[dict]:
+    """Per block of a BlockChain: lower it alone at `precision`, feed it the fp32 activations in front
+    of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}."""
+    from ..core import Precision
+    from ..exporters.lower import Lowering
+    from ..parity.metrics import score_outputs
+    from ..parity.runners import run_all
+    from ..trace import trace_blocks
+    from .errors import short
+
+    lowering, traced = _adopted(ref, states, module=True)
+    p = Precision(precision)
+    rows = []
+    for i, block in enumerate(trace_blocks(traced, heldout_limit=limit)):
+        row = {"block": block.name.split(":", 1)[1]}
+        try:
+            lw = Lowering(block, lowering.target, Path(ref.work) / f"block{i}", **_lowering_kwargs(ref))
+            spec = lw.cpu_runner(p) if on_cpu else lw.primary_runner(p)
+            row["runner"] = spec.label
+            scores = score_outputs(block.output_names, block.reference, run_all(spec, block.heldout))
+            s = min(scores, key=lambda x: x.snr_db)
+            row.update({"snr_db": round(s.snr_db, 3) if s.finite else None,
+                        "psnr_db": round(s.psnr_db, 3) if s.finite else None, "finite": s.finite})
+        except Exception as e:
+            from ..artifacts.store import is_disk_full
+
+            if is_disk_full(e):
+                raise
+            row.update({"snr_db": None, "error": short(e)})
+        rows.append(row)
+    return rows

@@ -1,0 +1,40 @@
+"""Versions of the code that decides what a build outputs: the build and capture caches key on these,
+not on omni-export's source, so an edit that changes no output (a docstring, the reports, the
+scheduler) reuses every artifact and score.
+
+Bump a part's number in the same commit as a change to its code that changes what it outputs: an
+artifact's bytes, a captured input, a score. tests/test_numerics.py fails when the demo's ONNX, .pte
+or parity inputs change while every number here stayed the same. A recipe's graphs have versions of
+their own (Recipe.version for what every graph shares, such as the captured prompts;
+Component.version per graph).
+"""
+from __future__ import annotations
+
+from .core import Format, Precision
+
+VERSIONS = {
+    "capture": 1,     # captured inputs and fp32 references: captured.py, trace.py, weights.py, blocks.py
+    "onnx": 2,        # the fp32 ONNX and the HTP-safe rewrites: exporters/onnx.py (export), rewrites.py, fxmeta.py
+                      # 2: no Python stack traces (source paths) in the nodes' metadata
+    "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
+    "quantize": 1,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
+    "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
+    "pte": 1,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py
+    "parity": 1,      # scores and verdicts: parity/metrics.py, parity/gate.py, parity/runners.py
+}
+
+
+def for_build(fmt: Format, precision: Precision) -> dict[str, int]:
+    """The parts whose code decides a build's bytes and scores."""
+    parts = ["capture", "parity"]
+    if fmt == Format.PTE:
+        parts.append("pte")
+    else:
+        parts.append("onnx")
+        if precision == Precision.FP16:
+            parts.append("fp16")
+        elif precision.quantized:
+            parts.append("quantize")
+        if fmt in (Format.DLC, Format.CTX):
+            parts.append("qnn")
+    return {p: VERSIONS[p] for p in sorted(parts)}

@@ -1,0 +1,191 @@
+"""The job graph and its scheduler: order, slots, memory, failures, and the what-if projection."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_export.jobs.graph import Job, JobGraph, project_wall
+from omni_export.jobs.scheduler import Scheduler
+from omni_export.memory import MemoryGate
+
+
+class ThreadExecutor:
+    """Worker jobs on threads of this process: the scheduler's contract without process start-up."""
+
+    name = "threads"
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.pool = cf.ThreadPoolExecutor(slots)
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.heavy = 0
+        self.most_heavy = 0
+
+    def submit(self, job, fn, args):
+        def wrapped():
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+                self.heavy += job.memory > 0
+                self.most_heavy = max(self.most_heavy, self.heavy)
+            try:
+                return fn(*args)
+            finally:
+                with self.lock:
+                    self.running -= 1
+                    self.heavy -= job.memory > 0
+        return self.pool.submit(wrapped)
+
+    def close(self, abort=False):
+        self.pool.shutdown(wait=not abort, cancel_futures=True)
+
+
+def sleeper(seconds, log, name):
+    log.append(("start", name))
+    time.sleep(seconds)
+    log.append(("end", name))
+    return name
+
+
+def test_jobs_run_after_their_dependencies_and_the_longest_chain_starts_first():
+    log: list = []
+    g = JobGraph()
+
+    def job(i, deps=(), s=0.05, est=1.0):
+        return g.add(Job(i, "x", deps, seconds=est, bind=lambda jobs, s=s: (sleeper, (s, log, i))))
+
+    job("short", est=0.5)                         # ready at once, but its chain is short
+    job("a")
+    job("b", ("a",))
+    job("c", ("b",))
+    ex = ThreadExecutor(1)
+    Scheduler(g, ex).run()
+    starts = [n for e, n in log if e == "start"]
+    assert starts == ["a", "b", "c", "short"]     # one slot: the 3-job chain first
+    assert all(j.state == "done" for j in g.jobs.values())
+    assert g.critical_path()[1] == ["a", "b", "c"]
+
+
+def test_no_more_jobs_run_at_once_than_the_executor_has_slots():
+    log: list = []
+    g = JobGraph()
+    for i in range(8):
+        g.add(Job(f"j{i}", "x", bind=lambda jobs, i=i: (sleeper, (0.05, log, i))))
+    ex = ThreadExecutor(3)
+    Scheduler(g, ex).run()
+    assert ex.most == 3 and len(log) == 16
+
+
+def test_a_failed_job_blocks_what_needs_it_and_each_hears_why():
+    heard = {}
+    g = JobGraph()
+
+    def boom():
+        raise ValueError("no")
+
+    g.add(Job("bad", "x", bind=lambda jobs: (boom, ()), done=lambda j: heard.setdefault(j.id, j.error)))
+    g.add(Job("child", "x", ("bad",), bind=lambda jobs: (sleeper, (0, [], "c")),
+              done=lambda j: heard.setdefault(j.id, j.error)))
+    g.add(Job("grandchild", "x", ("child",), bind=lambda jobs: (sleeper, (0, [], "g")),
+              done=lambda j: heard.setdefault(j.id, j.error)))
+    g.add(Job("other", "x", bind=lambda jobs: (sleeper, (0, [], "o")), done=lambda j: heard.setdefault(j.id, j.error)))
+    Scheduler(g, ThreadExecutor(2)).run()
+    assert isinstance(heard["bad"], ValueError)
+    assert "bad failed" in str(heard["child"]) and "failed" in str(heard["grandchild"])
+    assert heard["other"] is None and g.jobs["other"].result == "o"
+    assert [g.jobs[i].state for i in ("bad", "child", "grandchild")] == ["failed"] * 3
+
+
+def test_a_job_can_add_jobs_when_it_ends():
+    g = JobGraph()
+
+    def more(job):
+        g.add(Job("late", "x", (job.id,), bind=lambda jobs: (sleeper, (0, [], "late"))))
+
+    g.add(Job("first", "x", bind=lambda jobs: (sleeper, (0, [], "first")), done=more))
+    Scheduler(g, ThreadExecutor(1)).run()
+    assert g.jobs["late"].result == "late"
+
+
+def test_heavy_alone_jobs_never_overlap_other_heavy_jobs_but_light_jobs_go_on():
+    log: list = []
+    g = JobGraph()
+    for i in range(3):
+        g.add(Job(f"heavy{i}", "x", memory=10, alone=True, bind=lambda jobs, i=i: (sleeper, (0.05, log, f"h{i}"))))
+    for i in range(3):
+        g.add(Job(f"light{i}", "x", bind=lambda jobs, i=i: (sleeper, (0.05, log, f"l{i}"))))
+    ex = ThreadExecutor(3)
+    Scheduler(g, ex, MemoryGate(budget=1000, alone=True)).run()
+    assert ex.most_heavy == 1 and ex.most >= 2
+
+
+def test_a_memory_budget_lets_heavy_jobs_overlap_only_while_they_fit():
+    g = JobGraph()
+    for i in range(4):
+        g.add(Job(f"h{i}", "x", memory=40, bind=lambda jobs, i=i: (sleeper, (0.05, [], i))))
+    ex = ThreadExecutor(4)
+    gate = MemoryGate(budget=100)
+    Scheduler(g, ex, gate).run()
+    assert ex.most_heavy == 2 and gate.waits >= 1          # two of 40 fit in 100, a third does not
+    g2 = JobGraph()
+    g2.add(Job("huge", "x", memory=10_000, bind=lambda jobs: (sleeper, (0, [], "huge"))))
+    Scheduler(g2, ThreadExecutor(1), MemoryGate(budget=100)).run()     # alone it always runs
+    assert g2.jobs["huge"].result == "huge"
+
+
+def test_projected_wall_follows_the_dag_slots_and_memory():
+    rec = [{"id": "a", "deps": [], "seconds": 2.0, "where": "worker"},
+           {"id": "b", "deps": ["a"], "seconds": 3.0, "where": "worker"},
+           {"id": "c", "deps": [], "seconds": 4.0, "where": "worker"}]
+    assert project_wall(rec, 1) == 9.0
+    assert project_wall(rec, 2) == 5.0          # a->b beside c
+    heavy = [{**r, "memory_bytes": 60} for r in rec]
+    assert project_wall(heavy, 2, budget=100) == 9.0       # two of 60 never fit in 100
+    alone = [{**r, "memory_bytes": 1, "alone": True} for r in rec]
+    assert project_wall(alone, 2) == 9.0
+    driver = rec + [{"id": "d", "deps": [], "seconds": 5.0, "where": "driver"}]
+    assert project_wall(driver, 2) == 5.0       # the driver's lane is its own
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 10), st.lists(st.integers(0, 30), max_size=3)), min_size=1, max_size=25),
+       st.integers(1, 8))
+def test_projection_is_between_the_critical_path_and_the_serial_sum(spec, workers):
+    rec = [{"id": str(i), "deps": sorted({str(d) for d in deps if d < i}), "seconds": s, "where": "worker"}
+           for i, (s, deps) in enumerate(spec)]
+    g = JobGraph()
+    for r in rec:
+        g.add(Job(r["id"], "x", tuple(r["deps"]), seconds=r["seconds"]))
+    critical = g.critical_path()[0]
+    wall = project_wall(rec, workers)
+    total = sum(r["seconds"] for r in rec)
+    assert critical - 1e-9 <= wall <= total + 1e-9
+    if workers == 1:
+        assert wall == pytest.approx(total)
+
+
+def test_local_workers_are_long_lived_and_fresh_jobs_get_a_process_each():
+    """The local executor's shared workers serve job after job (a component's graph is rebuilt once per
+    worker); a `fresh` job (a step of a graph past 256 MB) runs in a process that exits with it. Each
+    answer carries the job's own CPU seconds."""
+    import os
+
+    from omni_export.jobs.local import LocalExecutor
+
+    ex = LocalExecutor(workers=2)
+    try:
+        shared = [ex.submit(Job(f"s{i}", "x"), os.getpid, ()).result(timeout=120) for i in range(4)]
+        fresh = [ex.submit(Job(f"f{i}", "x", fresh=True), os.getpid, ()).result(timeout=120) for i in range(2)]
+    finally:
+        ex.close()
+    pids = {r.value for r in shared}
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids
+    assert len({r.value for r in fresh}) == 2 and not pids & {r.value for r in fresh}
+    assert all(r.cpu_s is not None and r.cpu_s >= 0 for r in shared + fresh)
