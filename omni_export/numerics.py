@@ -3,8 +3,8 @@ not on omni-export's source, so an edit that changes no output (a docstring, the
 scheduler) reuses every artifact and score.
 
 Bump a part's number in the same commit as a change to its code that changes what it outputs: an
-artifact's bytes, a captured input, a score. tests/test_numerics.py fails when the demo's ONNX, .pte
-or parity inputs change while every number here stayed the same. A recipe's graphs have versions of
+artifact's bytes, a captured input, a score. tests/test_numerics.py fails when the demo's ONNX or .pte
+change while every number here stayed the same. A recipe's graphs have versions of
 their own (Recipe.version for what every graph shares, such as the captured prompts;
 Component.version per graph).
 """

@@ -1,6 +1,8 @@
 """The build cache keys on numerics versions, not on omni-export's source (omni_export/numerics.py):
-this test holds them honest. It fails when the demo's byte-stable outputs (ONNX, .pte, parity inputs
-of the shared fp16 build) change while no version that keys them was bumped.
+this test holds them honest. It fails when the demo's byte-stable artifacts (ONNX and .pte of the shared
+fp16 build) change while no version that keys them was bumped. The parity inputs are not compared:
+their fp32 references change with torch's thread count (one core per pytest-xdist worker, every core
+in a lone run), not only with the code.
 
 After a deliberate numerics change: bump the part(s) in numerics.VERSIONS (or the recipe's /
 component's version), then rerun this file with OMNI_EXPORT_UPDATE_GOLDEN=1 and commit the golden."""
@@ -26,9 +28,6 @@ def current(manifest: dict) -> dict:
         if b["format"] in ("onnx", "pte"):
             versions = for_build(Format(b["format"]), Precision(b["precision"]))
             files[b["name"] + "." + b["format"]] = {"sha256": [f["sha256"] for f in b["files"]], "versions": versions}
-    for c, info in manifest["components"].items():
-        files[f"parity-inputs/{c}"] = {"sha256": [info["parity_inputs"]["sha256"]],
-                                       "versions": {"capture": for_build(Format.ONNX, Precision.FP32)["capture"]}}
     recipe = {"recipe": manifest["recipe"]["version"]}
     from omni_export.recipes import get_recipe
 

@@ -213,6 +213,9 @@ class ComponentJobs:
                 raise job.error
             job.result = {"error": short(job.error)}
             job.state = "done"          # its dependents start, and fail with its reason (UpstreamFailed)
+            self._line(job, f"failed: {job.result['error']}", failed=True)
+        else:
+            self._line(job)
         self.states[job.id] = job.result
         self._close(job)
 
