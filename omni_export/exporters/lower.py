@@ -30,8 +30,11 @@ def isolated(big: bool, fn, *args):
     after their session is gone: in one process, lowering the 0.6B talker's prefill grew RssAnon
     from 5.7 to 12.3 GiB (QNN DLC + context compiles) and peaked at 18.2 GiB quantizing it, and the
     next graph started from there. A child returns all of it on exit. Small graphs stay in process
-    (spawning costs ~2 s)."""
-    if not big:
+    (spawning costs ~2 s), and so does every step of a job already in a process of its own (a job
+    worker, jobs/local.py: a heavy graph's job gets a fresh one)."""
+    import os
+
+    if not big or os.environ.get("OMNI_EXPORT_IN_WORKER"):
         return fn(*args)
     import concurrent.futures as cf
     import gc
