@@ -113,12 +113,16 @@ class MemoryGate:
             if waited:
                 self.waits += 1
                 self.waited_s += time.monotonic() - t0
-            if alone:
-                self._alone_held = True
-                self.alone_steps += 1
-            self._held += nbytes
-            self._count += 1
-            self.peak_held = max(self.peak_held, self._held)
+            self._take(nbytes, alone)
+
+    def _take(self, nbytes: int, alone: bool) -> None:
+        """Hold the reservation (under the lock)."""
+        if alone:
+            self._alone_held = True
+            self.alone_steps += 1
+        self._held += nbytes
+        self._count += 1
+        self.peak_held = max(self.peak_held, self._held)
 
     def release(self, nbytes: int) -> None:
         if nbytes <= 0:
@@ -139,12 +143,7 @@ class MemoryGate:
         with self._cond:
             if self._must_wait(nbytes, alone):
                 return False
-            if alone:
-                self._alone_held = True
-                self.alone_steps += 1
-            self._held += nbytes
-            self._count += 1
-            self.peak_held = max(self.peak_held, self._held)
+            self._take(nbytes, alone)
             return True
 
     @contextlib.contextmanager
