@@ -20,6 +20,7 @@ from .faults import crash_point
 from .memory import release_memory
 from .jobs import record
 from .jobs.component import HEAVY_BYTES, ComponentJobs
+from .jobs.e2e import EndToEndJobs
 from .jobs.plan import RunOptions, plan
 from .progress import InterruptPoints, Progress, StageLog
 from .recipes import load_callable
@@ -83,6 +84,7 @@ class Build:
         self.runs: dict[str, ComponentJobs] = {}
         self.available = None
         self.memory_gate: dict | None = None
+        self.e2e, self._traces_left = None, 0
 
     # ---- what jobs ask of the run
     def model(self):
@@ -123,6 +125,12 @@ class Build:
         elif cc.get("store") not in ("stored", "off"):
             self.progress.note(f"captured inputs {cc['store']} in the capture cache")
 
+    def trace_done(self) -> None:
+        """A component's trace ended; once all have, the end-to-end rows are planned (jobs/e2e.py)."""
+        self._traces_left -= 1
+        if self._traces_left == 0:
+            self.e2e.plan()
+
     def component_done(self, jobs: ComponentJobs) -> None:
         entries = [e for e in jobs.entries if e is not None]
         self.components[jobs.name], self.entries[jobs.name] = jobs.record, entries
@@ -159,6 +167,9 @@ class Build:
                 continue
             self.runs[name] = ComponentJobs(self, name, builds, graph)
             self.runs[name].plan()
+        self.e2e, self._traces_left = EndToEndJobs(self, the_plan, graph), len(self.runs)
+        if not self.runs:
+            self.e2e.plan()
         if len(graph):
             executor = make_executor(opts.executor, opts.jobs)
             opts.jobs = executor.slots

@@ -17,21 +17,6 @@ GEOMETRY = ["--left-context", "2", "--chunk-frames", "2"]
 FAST = [*GEOMETRY, "--components", "code2wav"]
 
 
-def pytest_configure(config):
-    """Each xdist worker, and every build it starts, on a core of its own (set before torch and ONNX
-    Runtime start their threads): the HTP simulator keeps a thread spinning on every core a process
-    may use, which took the other worker's core (jobs/local.py measures it)."""
-    import os
-
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    count = int(getattr(config, "workerinput", {}).get("workercount", 0) or 0)
-    if worker and allowed and 1 < count <= len(allowed):
-        core = {allowed[int(worker.removeprefix("gw")) % len(allowed)]}
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), core)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def capture_cache_dir(tmp_path_factory) -> Path:
     """One capture cache for the session, shared by the xdist workers (and the CLIs they start), not
@@ -108,6 +93,23 @@ def fp16_build(tmp_path_factory, tiny_checkpoint) -> Path:
     return shared_once(tmp_path_factory, "fp16_build", lambda p: run_cli(      # on worker processes (one per core)
         *ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(p), check=True,
         env={"OMNI_EXPORT_JOBS": "0"}))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Ray's own multi-node test cluster on this machine: a head and one more raylet, one CPU each,
+    loopback only (ray.cluster_utils.Cluster)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
+                                                       "include_dashboard": False})
+    c.add_node(num_cpus=1, object_store_memory=80 << 20)
+    c.wait_for_nodes()
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
 
 
 # The longest files first: with --dist loadfile each file runs on one worker, so a long file

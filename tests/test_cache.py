@@ -16,6 +16,9 @@ from conftest import read_manifest, run_cli
 SCHEMAS = Path(__file__).resolve().parents[1] / "omni_export" / "schemas"
 BUILD = ["qwen3-tts", "--components", "code2wav,text_projection", "--formats", "onnx", "--precision", "fp16",
          "--left-context", "2", "--chunk-frames", "2", "--no-attribution", "--json"]
+# two of the quickest graphs to export, for the tests that need any two components
+SMALL = ["qwen3-tts", "--components", "text_projection,predictor_decode", "--formats", "onnx", "--precision", "fp16",
+         "--no-attribution", "--json"]
 
 
 def hits(m: dict) -> dict[str, bool]:
@@ -118,7 +121,7 @@ def test_htp_optimization_reaches_the_context_binary_and_its_cache_key(ckpt, tmp
 def test_an_edit_that_changes_no_output_reuses_everything_and_a_graph_change_rebuilds_that_graph(ckpt, tmp_path):
     """Keys hold the versions of the code that decides outputs (omni_export/numerics.py, recipe and
     component versions), not omni-export's source: a docstring and the report code edited in a copy of
-    the package reuse every build and score; Code2Wav's graph version bumped rebuilds Code2Wav alone."""
+    the package reuse every build and score; one component's version bumped rebuilds that one alone."""
     import subprocess
     import sys
 
@@ -126,7 +129,7 @@ def test_an_edit_that_changes_no_output_reuses_everything_and_a_graph_change_reb
     src = tmp_path / "src"
     shutil.copytree(root / "omni_export", src / "omni_export", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
-    args = [*BUILD, "--checkpoint", str(ckpt), "--out", str(out)]
+    args = [*SMALL, "--checkpoint", str(ckpt), "--out", str(out)]
 
     def run_from(tree: Path) -> dict:
         proc = subprocess.run([sys.executable, "-m", "omni_export.cli", *args], cwd=tree, capture_output=True, text=True,
@@ -135,7 +138,7 @@ def test_an_edit_that_changes_no_output_reuses_everything_and_a_graph_change_reb
         return read_manifest(out)
 
     first = run_from(src)
-    assert hits(first) == {"code2wav": False, "text_projection": False}
+    assert hits(first) == {"predictor_decode": False, "text_projection": False}
 
     def edit(rel: str, old: str, new: str) -> None:
         p = src / "omni_export" / rel
@@ -146,19 +149,19 @@ def test_an_edit_that_changes_no_output_reuses_everything_and_a_graph_change_reb
     edit("pipeline.py", '"""The driver:', '"""The driver (edited docstring):')
     edit("reports/markdown.py", "\n", "\n# an edit of the report code\n")
     second = run_from(src)
-    assert hits(second) == {"code2wav": True, "text_projection": True}
+    assert hits(second) == {"predictor_decode": True, "text_projection": True}
     assert shas(second) == shas(first) and [b["parity"] for b in second["builds"]] == [b["parity"] for b in first["builds"]]
 
-    edit("recipes/qwen3_tts/recipe.py", 'name="code2wav",', 'name="code2wav", version="2",')
+    edit("recipes/qwen3_tts/recipe.py", 'name="predictor_decode",', 'name="predictor_decode", version="2",')
     third = run_from(src)
-    assert hits(third) == {"code2wav": False, "text_projection": True}
+    assert hits(third) == {"predictor_decode": False, "text_projection": True}
 
 
 def test_a_killed_build_resumes_with_the_components_it_finished(ckpt, tmp_path):
     """Killed (no cleanup) once its first component is in OUT: the rerun reuses that component's builds
     and scores, builds the other, and leaves exactly what its manifest lists."""
     out = tmp_path / "out"
-    args = [a for a in BUILD if a != "--json"] + ["--checkpoint", str(ckpt), "--out", str(out), "--jobs", "1"]
+    args = [a for a in SMALL if a != "--json"] + ["--checkpoint", str(ckpt), "--out", str(out), "--jobs", "1"]
     killed = run_cli(*args, env={"OMNI_EXPORT_CRASH_AT": "component-done"})
     assert killed.returncode == 137 and (out / ".incomplete").exists()
     marker = json.loads((out / ".incomplete").read_text())
@@ -167,5 +170,5 @@ def test_a_killed_build_resumes_with_the_components_it_finished(ckpt, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"the components it finished are reused ({done})" in proc.stderr
     m = read_manifest(out)
-    assert hits(m) == {done: True, ({"code2wav", "text_projection"} - {done}).pop(): False}
+    assert hits(m) == {done: True, ({"predictor_decode", "text_projection"} - {done}).pop(): False}
     assert run_cli("verify", str(out)).returncode == 0

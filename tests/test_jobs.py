@@ -103,6 +103,20 @@ def test_a_failed_job_blocks_what_needs_it_and_each_hears_why():
     assert [g.jobs[i].state for i in ("bad", "child", "grandchild")] == ["failed"] * 3
 
 
+def test_a_job_that_runs_after_all_runs_once_its_deps_ended_failed_or_not():
+    g = JobGraph()
+
+    def boom():
+        raise ValueError("no")
+
+    g.add(Job("bad", "x", bind=lambda jobs: (boom, ())))
+    g.add(Job("slow", "x", bind=lambda jobs: (sleeper, (0.1, [], "s"))))
+    g.add(Job("row", "x", ("bad", "slow"), after_all=True,
+              bind=lambda jobs: (lambda: [jobs[d].state for d in ("bad", "slow")], ())))
+    Scheduler(g, ThreadExecutor(2)).run()
+    assert g.jobs["row"].state == "done" and g.jobs["row"].result == ["failed", "done"]
+
+
 def test_a_job_can_add_jobs_when_it_ends():
     g = JobGraph()
 
@@ -189,3 +203,55 @@ def test_local_workers_are_long_lived_and_fresh_jobs_get_a_process_each():
     assert 1 <= len(pids) <= 2 and os.getpid() not in pids
     assert len({r.value for r in fresh}) == 2 and not pids & {r.value for r in fresh}
     assert all(r.cpu_s is not None and r.cpu_s >= 0 for r in shared + fresh)
+
+
+@pytest.mark.parametrize("weight_bytes", [1 << 20, 1 << 30])
+def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, weight_bytes):
+    """A light model's fp16 row is a job of its own that waits for the fp16 (and fp32) scores only, so
+    it runs while the w8a16 builds are still lowered; with a graph past HEAVY_BYTES one job runs
+    every precision's row (the recipe's fp32 reference pipeline once) in a process of its own."""
+    from omni_export.core import Format, Precision
+    from omni_export.jobs.component import HEAVY_BYTES as HEAVY, ComponentJobs
+    from omni_export.jobs.e2e import EndToEndJobs
+    from omni_export.jobs.plan import RunOptions, plan
+    from omni_export.progress import Progress
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path,
+                      components=("text_projection", "code2wav"), precisions=(Precision.FP16, Precision.W8A16),
+                      formats=(Format.ONNX, Format.CTX))
+    the_plan = plan(opts)
+
+    class Run:
+        store = type("S", (), {"root": tmp_path})()
+        cache = type("C", (), {"reuse_e2e": lambda self, runners: None})()
+        progress, components, entries, runs = Progress(), {}, {}, {}
+        loaded_model = type("M", (), {"info": {"path": str(tmp_path)}})()
+
+        def gate(self, component, precision):
+            return 40.0
+
+    run = Run()
+    run.opts = opts
+    g = JobGraph()
+    for name in ("text_projection", "code2wav"):
+        run.runs[name] = ComponentJobs(run, name, [b for b in the_plan.builds if b.component == name], g)
+        run.runs[name].plan()
+        run.runs[name].info = {"inputs": [], "outputs": [], "weight_bytes": weight_bytes}
+    e2e = EndToEndJobs(run, the_plan, g)
+    e2e.plan()
+    rows = {j.id: j for j in g.jobs.values() if j.kind == "e2e"}
+    scores = {j.id for j in g.jobs.values() if j.kind.startswith("score")}
+    assert e2e.runners == ({"htp": ("fp16", "w8a16")} if weight_bytes < HEAVY else {"ort": ("fp16", "w8a16")})
+    if weight_bytes < HEAVY:
+        assert set(rows) == {"end-to-end/fp16", "end-to-end/w8a16"}
+        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/fp16")}
+        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/w8a16")}
+        assert all(j.memory == 0 and not j.fresh for j in rows.values())
+    else:
+        [job] = rows.values()
+        assert job.id == "end-to-end/fp16+w8a16" and set(job.deps) == scores
+        assert job.fresh and job.memory >= 2 * weight_bytes
+    # a failed build below a row does not stop it: the row reports the graph it could not use
+    assert all(j.after_all for j in rows.values())

@@ -199,7 +199,7 @@ GATED = 20.0       # the w8a16 gate of the breakage runs
 def _gated_run(tmp, ckpt, *extra):
     out = tmp / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--checkpoint", str(ckpt), "--out", str(out),
-                   "--precision", "fp16,w8a16", "--formats", "onnx,ctx", "--gate", f"w8a16={GATED:g}",
+                   "--precision", "w8a16", "--formats", "onnx,ctx", "--gate", f"w8a16={GATED:g}",
                    "--no-attribution", *FAST, *extra)
     return proc, _verdicts(out)
 
@@ -242,9 +242,8 @@ def test_control_the_clean_int8_build_passes_the_same_gate(demo_run, clean_run, 
 def test_outlier_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, clean_run):
     broken = outlier_input_channel(clean, tmp_path / "outlier")
     proc, v = _gated_run(tmp_path, broken)
-    assert proc.returncode == 0                                  # fp16 still gives an accepted build
+    assert proc.returncode == 3                                  # no accepted build (w8a16 only)
     for fmt in ("onnx", "ctx"):
-        assert v[(fmt, "fp16")]["status"] == "accepted"
         bad = v[(fmt, "w8a16")]
         assert bad["status"] == "rejected" and bad["files"][0]["path"].startswith("rejected/")
         good = clean_run[1][(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"]
@@ -254,9 +253,8 @@ def test_outlier_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, cl
 def test_outlier_activation_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, clean_run):
     broken = outlier_activation_channel(clean, tmp_path / "act-outlier")
     proc, v = _gated_run(tmp_path, broken)
-    assert proc.returncode == 0
+    assert proc.returncode == 3
     for fmt in ("onnx", "ctx"):
-        assert v[(fmt, "fp16")]["status"] == "accepted"              # same fp32 function, fp16 holds it
         assert v[(fmt, "w8a16")]["status"] == "rejected"
         good = clean_run[1][(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"]
         assert v[(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"] < good - 6

@@ -1,5 +1,9 @@
 """Two builds of the same inputs, in different output directories: the formats the manifest calls
-byte-stable have identical sha256; for the others the manifest's `why` is checked against the bytes."""
+byte-stable have identical sha256; for the others the manifest's `why` is checked against the bytes.
+
+The second build runs its jobs on a Ray cluster of two raylets on this machine (loopback only, one CPU
+each), the first on local worker processes: the same job graph on either executor gives the same
+verdicts, scores and bytes (issue 33's Ray acceptance; tests/test_ray.py kills a Ray worker)."""
 from __future__ import annotations
 
 import json
@@ -14,12 +18,26 @@ from omni_export.artifacts.reproducibility import BYTE_STABLE
 
 
 @pytest.fixture(scope="module")
-def second_build(tmp_path_factory, tiny_checkpoint) -> Path:
+def second_build(tmp_path_factory, tiny_checkpoint, ray_cluster) -> Path:
     out = tmp_path_factory.mktemp("second") / "elsewhere"
     # captured afresh (not read from the capture cache): the parity inputs' bytes must repeat
-    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out), check=True,
-            env={"OMNI_EXPORT_CAPTURE_CACHE": "off"})
+    run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out),
+            "--executor", f"ray:{ray_cluster.address}", check=True,
+            env={"OMNI_EXPORT_CAPTURE_CACHE": "off", "OMNI_EXPORT_JOBS": "0"})
     return out
+
+
+def test_a_build_on_a_two_node_ray_cluster_equals_the_local_one(fp16_build, second_build, ray_cluster):
+    """Every build: the same verdict and the same scores on Ray as on the local executor's workers."""
+    local, remote = read_manifest(fp16_build), read_manifest(second_build)
+    assert local["jobs"]["executor"] == "local"
+    assert remote["jobs"]["executor"] == f"ray:{ray_cluster.address}" and remote["jobs"]["workers"] == 2
+    a = {(b["format"], b["precision"]): b for b in local["builds"]}
+    b = {(b["format"], b["precision"]): b for b in remote["builds"]}
+    assert set(a) == set(b) == {(f, "fp16") for f in ("onnx", "dlc", "ctx", "pte")}
+    for k in b:
+        assert b[k]["status"] == a[k]["status"] == "accepted", k
+        assert b[k]["parity"]["outputs"] == a[k]["parity"]["outputs"], k
 
 
 def files_by_format(m: dict) -> dict[str, list[dict]]:

@@ -202,6 +202,7 @@ class ComponentJobs:
                     j.memory = step_bytes(kind, wb) if kind else 0
                     j.alone = kind in ALONE_STEPS
         crash_point("traced")
+        self.run.trace_done()
         self._close(job)
 
     def _state(self, job: Job) -> None:
@@ -434,6 +435,14 @@ class ComponentJobs:
             "timings": self.timings,
         }
         self.run.component_done(self)
+
+    def partial_record(self) -> dict:
+        """What the end-to-end rows need of a component still building: its traced I/O and weights."""
+        c = self.component
+        return {"accepted": any(e is not None and e["status"] == "accepted" for e in self.entries),
+                "inputs": self.info.get("inputs", []), "outputs": self.info.get("outputs", []),
+                "weight_bytes": self.info.get("weight_bytes"),
+                **({"fp32_on_cpu": c.fp32_on_cpu} if c.fp32_on_cpu else {})}
 
     def _keep_for_hub(self, entries: list[dict]) -> dict:
         """sources/ and the calibration inputs AI Hub compiles accepted builds from (artifacts/inputs.py)."""

@@ -37,6 +37,7 @@ class Job:
     alone: bool = False                      # a heavy step that runs with nothing else heavy beside it
     fresh: bool = False                      # a fresh worker process for this job alone
     seconds: float | None = None             # an estimate for the critical path (DEFAULT_SECONDS)
+    after_all: bool = False                  # runs once its deps ended, failed or not (end-to-end rows)
     # filled as it runs
     state: str = "waiting"                   # waiting | running | done | failed
     result: Any = None
@@ -98,8 +99,9 @@ class JobGraph:
         return self._children[job_id]
 
     def ready(self) -> list[Job]:
+        ended = ("done", "failed")
         return [j for j in self.jobs.values() if j.state == "waiting"
-                and all(self.jobs[d].state == "done" for d in j.deps)]
+                and all(self.jobs[d].state in (ended if j.after_all else ended[:1]) for d in j.deps)]
 
     def blocked(self) -> list[Job]:
         """Waiting jobs that can never run: a job they depend on failed."""
@@ -108,7 +110,7 @@ class JobGraph:
         while changed:
             changed = False
             for j in self.jobs.values():
-                if j.state == "waiting" and j.id not in bad and any(d in bad for d in j.deps):
+                if j.state == "waiting" and not j.after_all and j.id not in bad and any(d in bad for d in j.deps):
                     bad.add(j.id)
                     out.append(j)
                     changed = True

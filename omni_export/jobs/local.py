@@ -99,8 +99,7 @@ class LocalExecutor:
     def _pool(self, i: int, fresh: bool, role: str) -> cf.ProcessPoolExecutor:
         if fresh or self._pools[i] is None:
             pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=init_worker,
-                                          initargs=(self.threads, role, self.cores[i]),
-                                          max_tasks_per_child=1 if fresh else None)
+                                          initargs=(self.threads, role, self.cores[i]))
             if not fresh:
                 self._pools[i] = pool
             return pool
@@ -115,6 +114,8 @@ class LocalExecutor:
             self._fresh.add(pool)
 
             def close(_f, pool=pool):
+                # its one job is done: the process exits (max_tasks_per_child=1 would have the pool's
+                # manager thread start a replacement, racing this shutdown)
                 self._fresh.discard(pool)
                 pool.shutdown(wait=False)
             fut.add_done_callback(close)

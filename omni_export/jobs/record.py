@@ -141,9 +141,14 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
                         **({"memory_gate": build.memory_gate} if build.memory_gate else {}),
                         "graph": [j.record() for j in graph.jobs.values()]}
-    runners = e2e_runners(opts, m)
-    reused_e2e = build.cache.reuse_e2e(runners)
-    if not runners:
+    planned = build.e2e.finished_rows() if build.e2e is not None else None
+    runners = build.e2e.runners if planned is not None else e2e_runners(opts, m)
+    reused_e2e = build.cache.reuse_e2e(runners) if planned is None else (planned if build.e2e.reused else None)
+    if planned is not None:
+        m["end_to_end"] = planned     # run as jobs of the graph (jobs/e2e.py)
+        if build.e2e.note:
+            m["end_to_end_runner_note"] = build.e2e.note
+    elif not runners:
         m["end_to_end"] = []          # nothing built for a runner the end-to-end check drives
     elif reused_e2e is not None:
         m["end_to_end"] = reused_e2e

@@ -143,7 +143,7 @@ class Scheduler:
 
         for jid in list(self.graph.children(job.id)):
             child = self.graph.jobs[jid]
-            if child.state != "waiting":
+            if child.state != "waiting" or child.after_all:
                 continue
             child.state, child.error = "failed", UpstreamFailed(f"{job.id} failed: {job.error}")
             child.started = child.ended = time.time()

@@ -186,3 +186,23 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
             row.update({"snr_db": None, "error": short(e)})
         rows.append(row)
     return rows
+
+
+def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: str, runners: dict) -> dict:
+    """The recipe's end-to-end rows for `runners` over the builds in OUT that `manifest` lists; the
+    model loaded here (weights per graph as the rows need them). {"rows", "notes"}."""
+    from ..progress import Progress
+    from ..recipes import get_recipe, load_callable
+
+    class Notes(Progress):
+        def __init__(self):
+            self.notes: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.notes.append(text)
+
+    r = get_recipe(recipe)
+    model = load_callable(r.loader)(Path(checkpoint), {**json.loads(options), "random-weights": False}, Path(out))
+    progress = Notes()
+    rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress)
+    return {"rows": rows, "notes": progress.notes}

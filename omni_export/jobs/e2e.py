@@ -1,0 +1,131 @@
+"""End-to-end rows as jobs of the graph: each runs the recipe's whole-pipeline check in a worker as
+soon as the builds it drives are scored, beside the rest of the build.
+
+They are planned once every component's trace is done (their runner depends on the graphs' weight
+sizes, `record.e2e_runners`). Light models: one job per precision, waiting only for that precision's
+(and fp32's) scores -- the demo's fp16 row on the HTP simulator runs while the w8a16 builds are still
+lowered. Models with a graph past HEAVY_BYTES: one job for every precision (the recipe computes its
+fp32 reference pipeline once per job, minutes and GBs at real size), after every score.
+
+A job is a plain function of its inputs: the recipe, the checkpoint the driver resolved, the recipe
+options, OUT, a snapshot of the manifest with the builds scored so far and the runners. The worker
+loads the model itself (weights per graph, safetensors only) and binds to its own core, so the
+simulator's spinning thread does not take the other workers' core.
+"""
+from __future__ import annotations
+
+import json
+
+from ..core import Precision
+from .graph import Job
+
+E2E_MEMORY_FACTOR = 3     # the fp32 modules of the reference pipeline + lean sessions of the builds
+
+
+class EndToEndJobs:
+    def __init__(self, run, the_plan, graph):
+        self.run, self.plan_, self.graph = run, the_plan, graph
+        self.rows: list[dict] | None = None           # None: not planned as jobs (finish() decides)
+        self.reused = False
+        self.runners: dict = {}
+        self.note: str | None = None
+        self._parts: dict[str, list[dict]] = {}
+
+    # ---- plan, once every trace is done
+    def plan(self) -> None:
+        from . import record
+
+        opts = self.run.opts
+        if not opts.recipe.end_to_end or opts.e2e == ():
+            return
+        snap = self.snapshot(planned=True)
+        self.runners = record.e2e_runners(opts, snap)
+        if not self.runners:
+            self.rows = []
+            return
+        reused = self.run.cache.reuse_e2e(self.runners)
+        if reused is not None:
+            self.rows, self.reused = reused, True
+            if reused:
+                self.run.progress.note("end-to-end parity: every graph unchanged, its rows reused from the cache")
+            return
+        self.note = record.e2e_runner_note(opts, snap)
+        if self.note:
+            self.run.progress.note(self.note)
+        precisions = sorted({p for ps in self.runners.values() for p in ps}, key=[q.value for q in Precision].index)
+        heavy = bool(record.heavy(snap))
+        groups = [tuple(precisions)] if heavy else [(p,) for p in precisions]
+        weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
+        self.rows = None
+        for group in groups:
+            deps = tuple(j.id for j in self.graph.jobs.values()
+                         if j.kind.startswith("score") and j.id.rsplit("/", 1)[-1] in (*group, "fp32"))
+            runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}
+            runners = {k: v for k, v in runners.items() if v}
+            name = "end-to-end/" + "+".join(group)
+            self.graph.add(Job(name, "e2e", deps, label=f"end-to-end: {', '.join(group)} on "
+                                                          f"{', '.join(runners)}",
+                               bind=lambda jobs, r=runners: self._bind(r),
+                               done=lambda job, g=group: self._done(job, g),
+                               memory=E2E_MEMORY_FACTOR * weights if heavy else 0, fresh=heavy, after_all=True))
+        self._parts = {}
+
+    def snapshot(self, planned: bool = False) -> dict:
+        """The manifest as far as the build has come: every component's record (finished ones) or its
+        traced I/O, and the builds scored so far (`planned`: the planned builds, for choosing runners)."""
+        from . import record
+
+        b = self.run
+        components, entries = {}, []
+        for name in dict.fromkeys(x.component for x in self.plan_.builds):
+            if name in b.components:
+                components[name] = b.components[name]
+                entries += b.entries.get(name, [])
+            elif name in b.runs:
+                cj = b.runs[name]
+                components[name] = cj.partial_record()
+                entries += [e for e in cj.entries if e is not None]
+        if planned:
+            entries = [{"component": x.component, "format": x.format.value, "precision": x.precision.value,
+                        "status": "planned"} for x in self.plan_.builds]
+        info = b.loaded_model.info if b.loaded_model is not None else b.previous["checkpoint"]
+        return record.manifest(b.opts, info, self.plan_, entries, components, 0.0)
+
+    def _bind(self, runners: dict):
+        from . import work
+
+        b = self.run
+        return work.end_to_end, (b.opts.recipe.name, b.checkpoint_path(), json.dumps(b.recipe_options),
+                                 str(b.store.root), json.dumps(self.snapshot()), runners)
+
+    def _done(self, job: Job, group: tuple) -> None:
+        from .errors import short
+        from ..progress import StageNote
+
+        if job.error is not None:
+            rows = [{"runner": ",".join(self.runners), "precision": ",".join(group), "verdict": "rejected",
+                     "reason": f"end-to-end run failed: {short(job.error)}"}]
+            job.state, job.error = "done", None
+        else:
+            rows, notes = job.result["rows"], job.result["notes"]
+            for n in notes:
+                self.run.progress.note(n)
+        self._parts[",".join(group)] = rows
+        for r in rows:
+            note = StageNote()
+            note.failed = r.get("verdict") == "rejected"
+            note.text = f"{r.get('verdict')}: {r.get('reason', '')}".rstrip(": ")
+            note.seconds = (job.ended or 0) - (job.started or 0)
+            self.run.progress.job_finished(f"end-to-end: {r.get('precision')} on {r.get('runner')}", note)
+
+    def finished_rows(self) -> list[dict] | None:
+        """The rows in runner, precision order, once planned as jobs; None when they were not."""
+        if self.rows is not None:
+            return self.rows
+        if not self._parts and not any(j.kind == "e2e" for j in self.graph.jobs.values()):
+            return None
+        order = {p.value: i for i, p in enumerate(Precision)}
+        rows = [r for part in self._parts.values() for r in part]
+        kinds = list(self.runners)
+        return sorted(rows, key=lambda r: (kinds.index(r["runner"]) if r.get("runner") in kinds else len(kinds),
+                                           order.get(r.get("precision"), len(order))))
