@@ -63,12 +63,43 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return shared_once(tmp_path_factory, "ckpt-tiny", lambda p: ck.write_checkpoint(p, seed=0))
 
 
-def run_cli(*args: str, check: bool = False, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess; `env` adds to (not replaces) this process's environment."""
+_server = None
+
+
+def run_cli(*args: str, check: bool = False, timeout: int = 900, env: dict | None = None,
+            fresh: bool = False, kill_after: float | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a process of its own; `env` adds to (not replaces) this process's environment.
+    Forked from a server that imported torch and ExecuTorch once (tests/cliserver.py), unless `fresh`
+    (a new interpreter, as a user's shell starts it) or OMNI_EXPORT_TEST_FORK=0. `kill_after`: SIGKILL
+    it after that many seconds (returncode -9) if it is still running."""
     import os
 
+    global _server
+    full_env = {**os.environ, **(env or {})}
+    if not fresh and os.environ.get("OMNI_EXPORT_TEST_FORK", "1") != "0":
+        if _server is None:
+            import atexit
+
+            from cliserver import Server
+
+            _server = Server()
+            atexit.register(_server.close)
+        if _server.ok:
+            proc = _server.run(args, ROOT, full_env, timeout, kill_after)
+            if check and proc.returncode != 0:
+                raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
+            return proc
+    if kill_after is not None:
+        p = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, env=full_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
     proc = subprocess.run([sys.executable, "-m", "omni_export.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+                          text=True, timeout=timeout, cwd=ROOT, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
     return proc

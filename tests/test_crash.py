@@ -14,15 +14,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import GEOMETRY, ROOT, run_cli
+from conftest import GEOMETRY, run_cli
 from omni_export.artifacts.store import MARKER, listed_files, sha256_file
 
 NAMED = ["begin", "loaded", "traced", "commit-before-rename@1", "commit-after-rename@1", "lowered",
@@ -57,7 +53,7 @@ def check_invariant(out: Path) -> str:
 
 def complete_run(ckpt: Path, out: Path) -> float:
     t0 = time.time()
-    proc = subprocess.run(command(ckpt, out), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_cli(*command(ckpt, out)[3:], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_invariant(out) == "complete"
     v = run_cli("verify", str(out))
@@ -66,22 +62,14 @@ def complete_run(ckpt: Path, out: Path) -> float:
 
 
 def kill_at_stage(ckpt: Path, out: Path, point: str) -> None:
-    env = dict(os.environ, OMNI_EXPORT_CRASH_AT=point)
-    proc = subprocess.run(command(ckpt, out), cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = run_cli(*command(ckpt, out)[3:], timeout=600, env={"OMNI_EXPORT_CRASH_AT": point})
     assert proc.returncode == 137, f"{point}: exit {proc.returncode}, the crash point was not reached\n" \
                                    f"{proc.stderr[-2000:]}"
 
 
 def kill_after(ckpt: Path, out: Path, delay: float) -> bool:
     """SIGKILL after `delay` seconds; False when the run finished first."""
-    proc = subprocess.Popen(command(ckpt, out), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=delay)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return True
+    return run_cli(*command(ckpt, out)[3:], kill_after=delay).returncode == -9
 
 
 def test_killed_builds_never_leave_a_manifest_pointing_at_missing_or_partial_files(tmp_path, tiny_checkpoint):

@@ -18,7 +18,7 @@ def demo_run(tmp_path_factory):
     the other components have their own run in test_qwen3_tts_build.py."""
     out = tmp_path_factory.mktemp("demo") / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--components", "code2wav", *FAST,
-                   "--summary-to", str(out.parent / "summary.md"))
+                   "--summary-to", str(out.parent / "summary.md"), fresh=True)   # a new interpreter: its chatter is tested
     return proc, out
 
 
