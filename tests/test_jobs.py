@@ -207,9 +207,10 @@ def test_local_workers_are_long_lived_and_fresh_jobs_get_a_process_each():
 
 @pytest.mark.parametrize("weight_bytes", [1 << 20, 1 << 30])
 def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, weight_bytes):
-    """A light model's fp16 row is a job of its own that waits for the fp16 (and fp32) scores only, so
-    it runs while the w8a16 builds are still lowered; with a graph past HEAVY_BYTES one job runs
-    every precision's row (the recipe's fp32 reference pipeline once) in a process of its own."""
+    """A light model's fp16 row is a job of its own that waits only for the fp16 scores of the format its
+    runner drives (context binaries on the HTP simulator), so it runs while the other builds are still
+    lowered; with a graph past HEAVY_BYTES one job runs every precision's row on ORT CPU (the recipe's
+    fp32 reference pipeline once) in a process of its own."""
     from omni_export.core import Format, Precision
     from omni_export.jobs.component import HEAVY_BYTES as HEAVY, ComponentJobs
     from omni_export.jobs.e2e import EndToEndJobs
@@ -220,7 +221,7 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
 
     opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path,
                       components=("text_projection", "code2wav"), precisions=(Precision.FP16, Precision.W8A16),
-                      formats=(Format.ONNX, Format.CTX))
+                      formats=(Format.ONNX, Format.CTX, Format.PTE))
     the_plan = plan(opts)
 
     class Run:
@@ -246,12 +247,12 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     assert e2e.runners == ({"htp": ("fp16", "w8a16")} if weight_bytes < HEAVY else {"ort": ("fp16", "w8a16")})
     if weight_bytes < HEAVY:
         assert set(rows) == {"end-to-end/fp16", "end-to-end/w8a16"}
-        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/fp16")}
-        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/w8a16")}
+        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/ctx/w8a16")}
         assert all(j.memory == 0 and not j.fresh for j in rows.values())
     else:
         [job] = rows.values()
-        assert job.id == "end-to-end/fp16+w8a16" and set(job.deps) == scores
+        assert job.id == "end-to-end/fp16+w8a16" and set(job.deps) == {s for s in scores if "/onnx/" in s}
         assert job.fresh and job.memory >= 2 * weight_bytes
     # a failed build below a row does not stop it: the row reports the graph it could not use
     assert all(j.after_all for j in rows.values())

@@ -3,8 +3,8 @@ soon as the builds it drives are scored, beside the rest of the build.
 
 They are planned once every component's trace is done (their runner depends on the graphs' weight
 sizes, `record.e2e_runners`). Light models: one job per precision, waiting only for that precision's
-(and fp32's) scores -- the demo's fp16 row on the HTP simulator runs while the w8a16 builds are still
-lowered. Models with a graph past HEAVY_BYTES: one job for every precision (the recipe computes its
+scores on its runner's format (and the fp32 builds a graph kept on the CPU runs) -- the demo's fp16
+row on the HTP simulator runs while the .pte and w8a16 builds are still lowered. Models with a graph past HEAVY_BYTES: one job for every precision (the recipe computes its
 fp32 reference pipeline once per job, minutes and GBs at real size), after every score.
 
 A job is a plain function of its inputs: the recipe, the checkpoint the driver resolved, the recipe
@@ -57,9 +57,14 @@ class EndToEndJobs:
         groups = [tuple(precisions)] if heavy else [(p,) for p in precisions]
         weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
         self.rows = None
+        # the scores of the builds a row drives: its runners' formats at its precisions, and the fp32
+        # builds a graph kept on the CPU runs (onnx, or pte for the pte runner)
+        fmts = {record.RUNNER_FORMAT[k] for k in self.runners}
+        fp32 = {"pte" if k == "pte" else "onnx" for k in self.runners}
         for group in groups:
-            deps = tuple(j.id for j in self.graph.jobs.values()
-                         if j.kind.startswith("score") and j.id.rsplit("/", 1)[-1] in (*group, "fp32"))
+            deps = tuple(j.id for j in self.graph.jobs.values() if j.kind.startswith("score") and (
+                (j.id.split("/")[-2] in fmts and j.id.split("/")[-1] in group)
+                or (j.id.split("/")[-2] in fp32 and j.id.split("/")[-1] == "fp32")))
             runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}
             runners = {k: v for k, v in runners.items() if v}
             name = "end-to-end/" + "+".join(group)

@@ -26,12 +26,16 @@ def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int]
     return sorted({round(i * (heldout - 1) / max(1, n - 1)) for i in range(n)})
 
 
+# the format each end-to-end runner drives (a graph kept at fp32 on the CPU: its fp32 onnx, or pte)
+RUNNER_FORMAT = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
+
+
 def e2e_runners(opts: RunOptions, manifest: dict) -> dict:
     """Runner kind -> precisions for end-to-end parity ({} when the recipe or user skips it)."""
     if not opts.recipe.end_to_end or opts.e2e == ():
         return {}
     kinds = opts.e2e or (("htp",) if opts.target.has_htp and not heavy(manifest) else ("ort",))
-    fmt = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
+    fmt = RUNNER_FORMAT
     order = [p.value for p in Precision]
     runners = {}
     for k in kinds:
