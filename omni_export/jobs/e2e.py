@@ -2,10 +2,11 @@
 soon as the builds it drives are scored, beside the rest of the build.
 
 They are planned once every component's trace is done (their runner depends on the graphs' weight
-sizes, `record.e2e_runners`). Light models: one job per precision, waiting only for that precision's
-scores on its runner's format (and the fp32 builds a graph kept on the CPU runs) -- the demo's fp16
-row on the HTP simulator runs while the .pte and w8a16 builds are still lowered. Models with a graph past HEAVY_BYTES: one job for every precision (the recipe computes its
-fp32 reference pipeline once per job, minutes and GBs at real size), after every score.
+sizes, `record.e2e_runners`). A job waits only for the scores of the builds it drives: its runner's
+format at its precisions, and the fp32 builds a graph kept on the CPU runs. Light models: one job per
+precision -- the demo's fp16 row on the HTP simulator runs while the .pte and w8a16 builds are still
+lowered. Models with a graph past HEAVY_BYTES: one job for every precision on ORT CPU (the recipe
+computes its fp32 reference pipeline once per job, minutes and GBs at real size).
 
 A job is a plain function of its inputs: the recipe, the checkpoint the driver resolved, the recipe
 options, OUT, a snapshot of the manifest with the builds scored so far and the runners. The worker
@@ -56,7 +57,6 @@ class EndToEndJobs:
         heavy = bool(record.heavy(snap))
         groups = [tuple(precisions)] if heavy else [(p,) for p in precisions]
         weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
-        self.rows = None
         # the scores of the builds a row drives: its runners' formats at its precisions, and the fp32
         # builds a graph kept on the CPU runs (onnx, or pte for the pte runner)
         fmts = {record.RUNNER_FORMAT[k] for k in self.runners}
@@ -73,7 +73,6 @@ class EndToEndJobs:
                                bind=lambda jobs, r=runners: self._bind(r),
                                done=lambda job, g=group: self._done(job, g),
                                memory=E2E_MEMORY_FACTOR * weights if heavy else 0, fresh=heavy, after_all=True))
-        self._parts = {}
 
     def snapshot(self, planned: bool = False) -> dict:
         """The manifest as far as the build has come: every component's record (finished ones) or its
@@ -104,12 +103,11 @@ class EndToEndJobs:
                                  str(b.store.root), json.dumps(self.snapshot()), runners)
 
     def _done(self, job: Job, group: tuple) -> None:
-        from .errors import short
         from ..progress import StageNote
+        from .record import failed_e2e_row
 
         if job.error is not None:
-            rows = [{"runner": ",".join(self.runners), "precision": ",".join(group), "verdict": "rejected",
-                     "reason": f"end-to-end run failed: {short(job.error)}"}]
+            rows = [failed_e2e_row(self.runners, group, job.error)]
             job.state, job.error = "done", None
         else:
             rows, notes = job.result["rows"], job.result["notes"]

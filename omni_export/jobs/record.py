@@ -6,7 +6,6 @@ import time
 
 from ..artifacts import manifest as mf
 from ..core import Precision
-from ..recipes import load_callable
 from .component import HEAVY_BYTES, SLOW_SAMPLES
 from .errors import short
 from .plan import Plan, RunOptions
@@ -62,15 +61,10 @@ def e2e_runner_note(opts: RunOptions, manifest: dict) -> str | None:
             f"past {HEAVY_BYTES >> 20} MB of weights take tens of seconds per call on the HTP simulator")
 
 
-def end_to_end(opts: RunOptions, model, manifest: dict, runners: dict, progress) -> list[dict]:
-    """Whole-pipeline parity through the built graphs, when the recipe defines it."""
-    if not opts.recipe.end_to_end or opts.e2e == ():
-        return []
-    try:
-        return load_callable(opts.recipe.end_to_end)(model, opts.out, manifest, runners, progress)
-    except Exception as e:  # a failing runner is a rejected pipeline, recorded with its reason
-        return [{"runner": ",".join(runners), "precision": ",".join(sorted({p for v in runners.values() for p in v})),
-                 "verdict": "rejected", "reason": f"end-to-end run failed: {short(e)}"}]
+def failed_e2e_row(runners: dict, precisions, error: BaseException) -> dict:
+    """A row whose run failed: a rejected pipeline, recorded with its reason."""
+    return {"runner": ",".join(runners), "precision": ",".join(precisions), "verdict": "rejected",
+            "reason": f"end-to-end run failed: {short(error)}"}
 
 
 def rewrites(opts: RunOptions) -> tuple[str, ...]:
@@ -145,32 +139,20 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
                         **({"memory_gate": build.memory_gate} if build.memory_gate else {}),
                         "graph": [j.record() for j in graph.jobs.values()]}
-    planned = build.e2e.finished_rows() if build.e2e is not None else None
-    runners = build.e2e.runners if planned is not None else e2e_runners(opts, m)
-    reused_e2e = build.cache.reuse_e2e(runners) if planned is None else (planned if build.e2e.reused else None)
-    if planned is not None:
-        m["end_to_end"] = planned     # run as jobs of the graph (jobs/e2e.py)
-        if build.e2e.note:
-            m["end_to_end_runner_note"] = build.e2e.note
-    elif not runners:
-        m["end_to_end"] = []          # nothing built for a runner the end-to-end check drives
-    elif reused_e2e is not None:
-        m["end_to_end"] = reused_e2e
-        if reused_e2e:
-            build.progress.note("end-to-end parity: every graph unchanged, its rows reused from the cache")
-    else:
-        note = e2e_runner_note(opts, m)
-        if note:
-            build.progress.note(note)
-            m["end_to_end_runner_note"] = note
-        m["end_to_end"] = end_to_end(opts, build.model(), m, runners, build.progress)
-        model = build.loaded_model
+    # the end-to-end rows ran as jobs of the graph (jobs/e2e.py); none when the recipe or user skips them
+    e2e = build.e2e
+    runners = e2e.runners if e2e is not None else {}
+    m["end_to_end"] = (e2e.finished_rows() if e2e is not None else None) or []
+    if e2e is not None and e2e.note:
+        m["end_to_end_runner_note"] = e2e.note
+    e2e_reused = e2e.reused if e2e is not None and e2e.runners else build.cache.reuse_e2e(runners) is not None
+    model = build.loaded_model or model
     m["summary"] = summary(entries, components, m["end_to_end"])
     model_seeds = getattr(model, "seeds", {}) if model is not None else {
         k: v for k, v in (build.previous.get("seeds") or {}).items() if k not in seeds}
     m["seeds"] = {**seeds, **model_seeds}
     m["reproducibility"] = repro.declared(m)
-    m["cache"] = build.cache.summary(build.available or sorted(components), runners, reused_e2e is not None)
+    m["cache"] = build.cache.summary(build.available or sorted(components), runners, e2e_reused)
     m["timings"]["total_s"] = round(time.time() - started, 3)
     with build.progress.stage("write parity.json, report.md, report.html"):
         write_reports(build.store.root, m, write=build.store.write_text)
