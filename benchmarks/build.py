@@ -30,11 +30,17 @@ def command(size: str, out: Path, extra: list[str]) -> list[str]:
 
 def summarize(manifest: dict) -> dict:
     """Timings and artifact sizes exactly as the manifest records them, grouped for reading."""
+    from omni_export.parity.report import parity_json
+
+    lowest = {(p["component"], p["format"], p["precision"]): p.get("min_snr_db")
+              for p in parity_json(manifest)["builds"]}
     builds = []
     for b in manifest.get("builds", []):
         files = [{"path": f["path"], "bytes": f["bytes"]} for f in b.get("files", [])]
         builds.append({"name": b["name"], "component": b["component"], "format": b["format"],
-                       "precision": b["precision"], "status": b["status"], "timings": b.get("timings", {}),
+                       "precision": b["precision"], "status": b["status"],
+                       "min_snr_db": lowest.get((b["component"], b["format"], b["precision"])),
+                       "timings": b.get("timings", {}),
                        "files": files, "bytes": sum(f["bytes"] for f in files),
                        **({"cache": b["cache"]} if "cache" in b else {}),
                        **({"error": b["error"]} if b.get("error") else {})})
