@@ -143,6 +143,43 @@ def test_a_components_job_graph_shares_intermediate_graphs_and_the_context_binar
     assert g.critical_path()[1][0] == "code2wav/trace"
 
 
+def test_a_dlc_still_waiting_for_its_compile_when_its_context_binary_fails_is_rejected_not_a_crash(tmp_path):
+    """At 0.6B the context binary of a precision failed to compile while its DLC was still waiting to
+    be compiled; the DLC's shared score, failed in turn, found no lowering result and the build ended
+    in an AttributeError traceback. It is a rejected build that says why."""
+    from omni_export.core import BuildSpec, Format, Precision
+    from omni_export.jobs.component import ComponentJobs
+    from omni_export.jobs.errors import UpstreamFailed
+    from omni_export.jobs.graph import JobGraph
+    from omni_export.pipeline import RunOptions
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    lines = []
+
+    class Run:
+        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
+        store = type("S", (), {"root": tmp_path})()
+        progress = type("P", (), {"job_finished": lambda self, label, note: lines.append((label, note.text))})()
+
+        def gate(self, component, precision):
+            return 40.0
+
+    builds = [BuildSpec("qwen3-tts", "code2wav", f, Precision.W8A16, "s25-htp") for f in (Format.DLC, Format.CTX)]
+    g = JobGraph()
+    cj = ComponentJobs(Run(), "code2wav", builds, g)
+    cj.plan()
+    job = g.jobs["code2wav/score/dlc/w8a16"]
+    assert g.jobs["code2wav/lower/dlc/w8a16"].result is None          # its own compile has not run
+    job.state, job.error = "failed", UpstreamFailed("code2wav/score/ctx/w8a16 failed: QNN compile failed")
+    job.started = job.ended = 1.0
+    job.done(job)
+    e = cj.entries[0]
+    assert e["status"] == "rejected" and e["files"] == []
+    assert e["error"] == e["parity"]["reason"] and "QNN compile failed" in e["error"]
+    assert lines and "QNN compile failed" in lines[-1][1]
+
+
 def test_a_simulator_run_of_a_context_binary_reserves_less_than_one_compiling_its_source():
     from omni_export.memory import step_bytes
     from omni_export.parity.runners import RunnerSpec

@@ -315,8 +315,16 @@ class ComponentJobs:
             return
         lower = self.graph.jobs[self._id("lower", spec.format.value, spec.precision.value)]
         built, entry = lower.result, self._entry(spec)
-        runner = built.runner
         threshold = self.thresholds[spec.precision]
+        if built is None:
+            # failed before its own lowering ended: a DLC whose context binary (the run it shares)
+            # failed to compile or to run while the DLC was still waiting to be compiled
+            error = f"runner failed: {short(job.error)}"
+            self.entries[i] = _failed(entry, threshold, error, 0.0)
+            self._line(job, error, failed=True)
+            self._close(job)
+            return
+        runner = built.runner
         shared = job.kind == "score-shared"
         if shared:
             entry["outputs_from"] = Format.CTX.value
