@@ -324,6 +324,18 @@ def preprocess_shares_weights():
             XnnpackBackend.copy_exported_program_for_preprocess = own
 
 
+# ExecuTorch's memoised values that hold no program of ours: XNNPACK's pattern graphs (each a few
+# small modules exported and lowered to edge: ConvertToSDPAPass and ConvertToUpsampleBilinear2d
+# rebuilt them in every .pte job, ~5 s of a small graph's lowering) and the flatbuffer schema.
+KEPT_CACHES = frozenset({
+    "executorch.backends.xnnpack.partition.graphs.sdpa.get_graphs",
+    "executorch.backends.xnnpack.partition.graphs.bilinear_2d._get_bilinear_2d_graphs",
+    "executorch.exir._serialize._flatbuffer_program._install_fast_packers",
+    "executorch.exir._serialize._flatbuffer_program._patch_generated_flatbuffer_aliases",
+    "executorch.exir._serialize._flatbuffer_program._get_schema_info",
+})
+
+
 def release_lowering_caches() -> None:
     """Drop what torch and ExecuTorch keep of the last lowered program. Two globals hold it, with the
     fp16 / int8 copy of every weight: XNNPACK's partitioner configs keep a module-level WhyNoPartition
@@ -343,10 +355,10 @@ def release_lowering_caches() -> None:
 
     for name, mod in list(sys.modules.items()):
         if name.startswith("executorch.") and mod is not None:
-            for value in list(vars(mod).values()):
+            for key, value in list(vars(mod).items()):
                 if isinstance(value, WhyNoPartition):
                     value.node = None
-                elif isinstance(value, functools._lru_cache_wrapper):
+                elif isinstance(value, functools._lru_cache_wrapper) and f"{name}.{key}" not in KEPT_CACHES:
                     value.cache_clear()
     FakeTensorMode.cache_clear()
     gc.collect()
