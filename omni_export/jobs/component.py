@@ -194,8 +194,12 @@ class ComponentJobs:
                             json.dumps({"inputs": info["inputs"], "outputs": info["outputs"], "logits": info["logits"]}),
                             wb if heavy else 0)
         if heavy:        # each step in a process of its own, holding its estimated peak on the memory gate
+            from .graph import SECONDS_PER_GIB
+
             for jid in list(self.open):
                 j = self.graph.jobs[jid]
+                if j.state == "waiting" and j.kind in SECONDS_PER_GIB:
+                    j.seconds = max(j.estimate, SECONDS_PER_GIB[j.kind] * wb / 2**30)
                 kind = MEMORY_KIND.get(j.kind)
                 if j.state == "waiting" and j.where == "worker" and kind:
                     j.fresh = True

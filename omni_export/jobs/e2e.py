@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from ..core import Precision
-from .graph import Job
+from .graph import SECONDS_PER_GIB, Job
 
 E2E_MEMORY_FACTOR = 3     # the fp32 modules of the reference pipeline + lean sessions of the builds
 
@@ -72,7 +72,8 @@ class EndToEndJobs:
                                                           f"{', '.join(runners)}",
                                bind=lambda jobs, r=runners: self._bind(r),
                                done=lambda job, g=group: self._done(job, g),
-                               memory=E2E_MEMORY_FACTOR * weights if heavy else 0, fresh=heavy, after_all=True))
+                               memory=E2E_MEMORY_FACTOR * weights if heavy else 0, fresh=heavy, after_all=True,
+                               seconds=SECONDS_PER_GIB["e2e"] * weights / 2**30 if heavy else None))
 
     def snapshot(self, planned: bool = False) -> dict:
         """The manifest as far as the build has come: every component's record (finished ones) or its

@@ -21,6 +21,16 @@ from typing import Any, Callable
 DEFAULT_SECONDS = {"trace": 5.0, "export": 4.0, "fp16": 2.0, "quantize": 3.0, "lower": 3.0, "lower-pte": 15.0,
                    "lower-ctx": 3.0, "lower-dlc": 2.0, "score": 4.0, "score-htp": 10.0, "attribute": 20.0,
                    "e2e": 30.0, "record": 2.0}
+# Seconds per GiB of a graph's fp32 weights, for the jobs of a graph past 256 MB (component.HEAVY_BYTES),
+# whose jobs take minutes, not the demo's seconds. Rounded from the 0.6B talker graphs (1.7 GiB) at
+# 98f3437e and 3a3aed8: the simulator's runs of 2 held-out samples 48-281 s, .pte lowering 250-350 s,
+# the fp32 ONNX export 98-161 s, quantization 29-68 s, the context binary's compile 23-33 s. Only the
+# order matters (longest remaining chain first): without them a talker's .pte lowerings (15 s by the
+# demo's figures) went before its context binaries' compiles and simulator runs, which then ran last,
+# each compile alone.
+SECONDS_PER_GIB = {"export": 70.0, "fp16": 12.0, "quantize": 30.0, "lower": 1.0, "lower-pte": 150.0,
+                   "lower-ctx": 15.0, "lower-dlc": 10.0, "score": 15.0, "score-htp": 150.0, "attribute": 200.0,
+                   "e2e": 60.0}
 
 
 @dataclass
