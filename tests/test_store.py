@@ -125,7 +125,7 @@ def test_files_of_older_builds_and_crashed_runs_are_removed_others_never(tmp_pat
     (out / "notes.txt").write_text("the user's")
     # the next run builds only a.onnx
     recs = _build(out, names=("a.onnx",))
-    assert sorted(p.name for p in out.iterdir()) == ["a.onnx", "manifest.json", "notes.txt", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "a.onnx", "manifest.json", "notes.txt", "report.md"]
     assert [r.path for r in recs] == ["a.onnx"]
 
 
@@ -139,7 +139,7 @@ def test_recovers_a_crashed_run(tmp_path):
     st.begin("r", "t", force=False)
     assert st.recovered is not None and not (out / ".manifest.json.tmp-12").exists()
     st.finish(_manifest())
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json"]
 
 
 def test_refuses_a_directory_another_live_run_is_writing(tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import UsageError
-from .store import DOCUMENTS, MARKER, STAGING, is_ours, listed_files, sha256_file
+from .store import DOCUMENTS, LOCK, MARKER, STAGING, is_ours, listed_files, sha256_file
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,6 @@ def _unlisted(out: Path, manifest: dict, listed: set[str]) -> list[str]:
             dirnames[:] = [d for d in dirnames if d not in skip_dirs]
         for name in filenames:
             rel = (rel_dir / name).as_posix()
-            if rel not in listed and rel not in DOCUMENTS and rel != MARKER:
+            if rel not in listed and rel not in DOCUMENTS and rel not in (MARKER, LOCK):
                 extra.append(rel)
     return sorted(extra)

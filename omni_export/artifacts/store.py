@@ -10,6 +10,9 @@ Layout of OUT:
   sources/...onnx                              the ONNX AI Hub compiles from (accepted builds)
   hub/<build>/...                              AI Hub results: compiled model, profile, device outputs
   .staging/                                    exporters write here; files move out by rename
+  .lock                                        the one-writer lock (lockf, held while a run writes;
+                                               the file stays: removing it would let two runs lock
+                                               two different files)
   .incomplete                                  present while a run is under way or after a crash:
                                                JSON with pid, host, start time, recipe, target and
                                                the journal of every file put into OUT since the
@@ -43,11 +46,12 @@ from ..core import UsageError
 from ..faults import crash_point
 
 MARKER = ".incomplete"
+LOCK = ".lock"
 STAGING = ".staging"
 REJECTED = "rejected"
 MANIFEST = "manifest.json"
 DOCUMENTS = ("manifest.json", "parity.json", "report.md", "report.html")
-_SCRATCH_PREFIXES = (MARKER, STAGING, ".write-test-")
+_SCRATCH_PREFIXES = (MARKER, STAGING, LOCK, ".write-test-")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -151,11 +155,13 @@ class Store:
         self._amending = False
         self._info: dict = {}
         self._finished: dict = {}            # component -> {record, entries}: what a killed run resumes from
+        self._lock_fd: int | None = None
 
     # ---- run lifecycle
     def begin(self, recipe: str, target: str, force: bool) -> dict | None:
         """Prepare OUT for a run; returns the previous manifest (if any)."""
         self._check_writable()
+        self._lock()
         crashed = self.read_marker()
         if crashed is not None:
             _refuse_live_run(self.root, crashed)
@@ -179,6 +185,7 @@ class Store:
         the same mode killed earlier is taken over (its unlisted files are removed at the end), an
         unfinished build or a live run is refused. Nothing of the build is removed."""
         self._check_writable()
+        self._lock()
         marker = self.read_marker()
         if marker is not None:
             _refuse_live_run(self.root, marker)
@@ -217,30 +224,34 @@ class Store:
             _rmdir_if_empty(d)
         _remove_empty_dirs(self.root / "hub")
         crash_point("pruned")
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)
+        _remove_tree(self.root / STAGING)
         crash_point("documents")
         self._write_document(MANIFEST, manifest)
         _fsync_dir(self.root)
         crash_point("manifest")
         (self.root / MARKER).unlink(missing_ok=True)
+        self._unlock()
 
     def abort(self) -> bool:
         """After a failed or interrupted run. Returns True when OUT stays marked incomplete: when the
         run had put files into OUT, or OUT held no complete build before it. An amending run leaves
         the build as its last manifest describes it (files it put but never listed are removed)."""
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)
-        if self._amending:
-            manifest, state = self._previous_manifest()
-            if state == "ours":
-                listed = {f["path"] for f in listed_files(manifest)}
-                for rel in sorted(self._journal - listed):
-                    self._unlink(rel)
-                (self.root / MARKER).unlink(missing_ok=True)
-            return self.incomplete
-        if self._claimed or not self._had_build:
-            return self.incomplete
-        (self.root / MARKER).unlink(missing_ok=True)
-        return False
+        try:
+            _remove_tree(self.root / STAGING)
+            if self._amending:
+                manifest, state = self._previous_manifest()
+                if state == "ours":
+                    listed = {f["path"] for f in listed_files(manifest)}
+                    for rel in sorted(self._journal - listed):
+                        self._unlink(rel)
+                    (self.root / MARKER).unlink(missing_ok=True)
+                return self.incomplete
+            if self._claimed or not self._had_build:
+                return self.incomplete
+            (self.root / MARKER).unlink(missing_ok=True)
+            return False
+        finally:
+            self._unlock()
 
     @property
     def incomplete(self) -> bool:
@@ -248,10 +259,55 @@ class Store:
 
     # ---- files
     def staging(self, name: str) -> Path:
-        d = self.root / STAGING / _component(name)
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
+        """A fresh directory for one artifact's files, inside OUT/.staging (never through a link)."""
+        root = self.staging_root()
+        d = root / _component(name)
+        _remove_tree(d)
+        d.mkdir()
         return d
+
+    def staging_root(self) -> Path:
+        """OUT/.staging as a real directory of OUT: a symlink there (to anywhere) is removed, never
+        followed, and a fresh directory made in its place."""
+        d = self.root / STAGING
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            d.unlink()
+        d.mkdir(exist_ok=True)
+        return d
+
+    # ---- one writer per OUT
+    def _lock(self) -> None:
+        """An OS lock on OUT/.lock for the whole run (released by the kernel when the process dies):
+        a second run into the same OUT stops at once with who holds it. A POSIX record lock (lockf),
+        not flock: it belongs to this process, so the workers it forks or spawns never hold it on
+        after it died, and a process that opens a build's store again (tests, `hub submit` after a
+        build) does not lock itself out."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        path = self.root / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise UsageError(f"{path} cannot be opened as the output directory's lock file ({e.strerror}); "
+                             f"remove it or choose another --out") from None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            held = self.read_marker() or {}
+            pid, started = held.get("pid"), held.get("started")
+            since = time.strftime(" since %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else ""
+            who = f"pid {pid}{since}" if isinstance(pid, int) else "another process"
+            raise UsageError(f"{self.root} is being built by another omni-export run ({who}); wait for it "
+                             f"to finish or choose another --out") from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)            # closing the descriptor releases the lock
+            self._lock_fd = None
 
     def commit(self, files: list[Path], accepted: bool) -> list[FileRecord]:
         """Move staged files into OUT (or OUT/rejected) by rename; return their records."""
@@ -431,7 +487,7 @@ class Store:
                              f"choose another --out") from None
 
     def _remove_scratch(self) -> None:
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)
+        _remove_tree(self.root / STAGING)
         hub = self.root / "hub"
         hub_dirs = [p for p in hub.rglob("*") if p.is_dir() and not p.is_symlink()] if hub.is_dir() else []
         for d in (self.root, self.root / REJECTED, self.root / "parity-inputs", self.root / "sources", hub, *hub_dirs):
@@ -439,6 +495,14 @@ class Store:
                 for p in d.iterdir():
                     if p.name.startswith(".") and ".tmp-" in p.name and p.is_file():
                         p.unlink(missing_ok=True)      # a crashed atomic write
+
+
+def _remove_tree(d: Path) -> None:
+    """Remove a directory of OUT and what it holds; a symlink is removed itself, never followed."""
+    if d.is_symlink() or (d.exists() and not d.is_dir()):
+        d.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _atomic_copy(src: Path, dest: Path) -> None:

@@ -41,7 +41,7 @@ class ComponentJobs:
         self.component = run.opts.recipe.component(name)
         self.thresholds = {b.precision: run.gate(self.component, b.precision) for b in builds}
         self.entries: list[dict | None] = [None] * len(builds)
-        self.work = run.store.root / ".staging" / "work" / name
+        self.work = run.store.staging_root() / "work" / name
         self.ref = None
         self.info: dict = {}
         self.states: dict[str, dict] = {}

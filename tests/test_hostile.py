@@ -1,0 +1,127 @@
+"""Hostile inputs and racing runs (issue 34): nothing escapes OUT, one writer per OUT."""
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_export.artifacts.store import Store
+from omni_export.core import UsageError
+
+
+def _tree_digest(d: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(d.rglob("*")):
+        h.update(str(p.relative_to(d)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _decoy(tmp_path: Path) -> Path:
+    d = tmp_path / "decoy"
+    (d / "x.onnx").mkdir(parents=True)
+    (d / "x.onnx" / "keep.txt").write_text("the user's")
+    (d / "other.txt").write_text("the user's too")
+    return d
+
+
+def test_a_symlinked_staging_directory_is_replaced_never_followed(tmp_path):
+    decoy = _decoy(tmp_path)
+    before = _tree_digest(decoy)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".staging").symlink_to(decoy, target_is_directory=True)
+    st = Store(out)
+    st.begin("r", "t", force=False)
+    f = st.staging("x.onnx") / "x.onnx"
+    f.write_bytes(b"abc")
+    rec = st.commit([f], accepted=True)
+    st.finish({"tool": "omni-export", "recipe": {"name": "r"}, "target": {"name": "t"},
+               "builds": [{"files": [r.to_json() for r in rec]}], "components": {}})
+    assert _tree_digest(decoy) == before
+    assert (out / "x.onnx").read_bytes() == b"abc" and not (out / ".staging").exists()
+
+
+def test_a_staging_link_planted_during_a_run_is_not_followed(tmp_path):
+    decoy = _decoy(tmp_path)
+    before = _tree_digest(decoy)
+    out = tmp_path / "out"
+    st = Store(out)
+    st.begin("r", "t", force=False)
+    (out / ".staging").symlink_to(decoy, target_is_directory=True)
+    f = st.staging("x.onnx") / "x.onnx"
+    f.write_bytes(b"abc")
+    st.abort()
+    assert _tree_digest(decoy) == before
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from omni_export.artifacts.store import Store
+st = Store(Path(sys.argv[1]))
+st.begin("r", "t", force=False)
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_into_the_same_out_stops_at_once_and_takes_over_once_the_holder_died(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        t0 = time.monotonic()
+        with pytest.raises(UsageError) as e:
+            Store(out).begin("r", "t", force=False)
+        assert time.monotonic() - t0 < 5
+        msg = str(e.value)
+        assert f"is being built by another omni-export run (pid {holder.pid} since" in msg and "\n" not in msg
+        with pytest.raises(UsageError):                   # --force does not take a live run's OUT either
+            Store(out).begin("r", "t", force=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    st = Store(out)                                       # the kernel released the dead holder's lock
+    st.begin("r", "t", force=False)
+    assert st.recovered is not None and st.recovered["pid"] == holder.pid      # and its run is resumed
+    st.abort()
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path):
+    decoy = _decoy(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(decoy / "other.txt")
+    with pytest.raises(UsageError, match=r"\.lock cannot be opened as the output directory's lock file"):
+        Store(out).begin("r", "t", force=False)
+    assert (decoy / "other.txt").read_text() == "the user's too"
+
+
+def test_two_builds_started_together_into_one_out_one_runs_the_other_exits_2_at_once(tmp_path, tiny_checkpoint):
+    from conftest import GEOMETRY, ROOT, run_cli
+
+    out = tmp_path / "out"
+    args = ["qwen3-tts", "--target", "s25-htp", "--checkpoint", str(tiny_checkpoint), "--out", str(out),
+            "--components", "text_projection", "--formats", "onnx", "--precision", "fp16", "--no-attribution",
+            "-q", *GEOMETRY]
+    first = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / ".incomplete").exists():          # written once it holds OUT's lock
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = run_cli(*args, timeout=60)
+        assert second.returncode == 2, second.stderr
+        err = second.stderr.strip()
+        assert "\n" not in err and f"is being built by another omni-export run (pid {first.pid} since" in err
+        assert "Traceback" not in second.stderr
+    finally:
+        stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-2000:]
+    assert run_cli("verify", str(out)).returncode == 0
