@@ -1,6 +1,5 @@
 """Hostile inputs and racing runs (issue 34): nothing escapes OUT, one writer per OUT."""
 import hashlib
-import os
 import subprocess
 import sys
 import time
