@@ -14,7 +14,7 @@ from .commands import hub as hub_cli
 from .commands import reports
 from .commands.group import OneLineErrors
 from .commands.verify import verify
-from .core import Format, Precision, UsageError
+from .core import Format, Precision, UsageError, strict_json
 from .parity.gate import parse_gates
 from .recipes import REGISTRY, get_recipe
 from .targets import FORMAT_PRECISIONS, REWRITE_NAMES, TARGETS, get_target
@@ -242,11 +242,11 @@ def _recipe_command(name: str) -> click.Command:
             _fail(interrupted_message(Path(out) if out else Path("artifacts") / f"{name}-{target}"), debug, 130)
         m = result.manifest
         if as_json:
-            click.echo(json.dumps({"out": str(result.out), "exit_code": result.exit_code,
+            click.echo(json.dumps(strict_json({"out": str(result.out), "exit_code": result.exit_code,
                                    "summary": m["summary"],
                                    "builds": [{"name": b["name"], "format": b["format"], "status": b["status"],
                                                "snr_db": _min_snr(b), "reason": b["parity"]["reason"]}
-                                              for b in m["builds"]]}, indent=2))
+                                              for b in m["builds"]]}), indent=2, allow_nan=False))
         else:
             _print_report(result.out)
             for n in notes:
@@ -373,7 +373,7 @@ def _synth_command(name: str, module_path: str) -> click.Command:
         except UsageError as e:
             _fail(str(e), debug)
         if as_json:
-            click.echo(json.dumps(summary, indent=2))
+            click.echo(json.dumps(strict_json(summary), indent=2, allow_nan=False))
         else:
             for k, v in summary.items():
                 if v is not None:

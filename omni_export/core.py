@@ -5,6 +5,7 @@ Frozen dataclasses and enums only: no torch, no runtimes, so the CLI can import 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -371,6 +372,19 @@ class Verdict:
     def min_snr_db(self) -> float | None:
         vals = [s.snr_db for s in self.scores if s.snr_db is not None]
         return min(vals) if vals else None
+
+
+def strict_json(obj):
+    """`obj` with every non-finite float as the manifest's word for it ("inf" / "-inf" / "nan"), so
+    json.dumps(..., allow_nan=False) writes strict JSON (bare Infinity / NaN is not JSON: jq and
+    JSON.parse reject it). parity.scores.num reads the words back."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def _round(x: float | None) -> float | str | None:

@@ -124,3 +124,31 @@ def test_two_builds_started_together_into_one_out_one_runs_the_other_exits_2_at_
         stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr[-2000:]
     assert run_cli("verify", str(out)).returncode == 0
+
+
+def _strict(text: str):
+    import json
+
+    def refuse(word):
+        raise ValueError(f"not JSON: bare {word}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_manifest_parity_json_and_the_marker_are_strict_json(fp16_build, tmp_path):
+    """Bare Infinity / NaN is not JSON (jq, JSON.parse and most CI tools reject it): a demo build's
+    manifest held 14 of them (a rewrite's fp32 SNR is inf when it is exact)."""
+    import json
+    import math
+
+    from omni_export.artifacts.store import atomic_write_json
+    from omni_export.parity.scores import num
+
+    m = _strict((fp16_build / "manifest.json").read_text())
+    _strict((fp16_build / "parity.json").read_text())
+    words = [r["fp32_snr_db"] for c in m["components"].values() for r in c.get("rewrites", [])]
+    assert words and all(isinstance(w, (int, float)) or w in ("inf", "-inf", "nan") for w in words)
+    p = tmp_path / "m.json"
+    atomic_write_json(p, {"snr_db": math.nan, "x": [math.inf, -math.inf, 1.5]})
+    back = _strict(p.read_text())
+    assert back == {"snr_db": "nan", "x": ["inf", "-inf", 1.5]} and math.isnan(num(back["snr_db"]))
+    assert json.loads(p.read_text())["x"][2] == 1.5

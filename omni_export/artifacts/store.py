@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import UsageError
+from ..core import UsageError, strict_json
 from ..faults import crash_point
 
 MARKER = ".incomplete"
@@ -84,7 +84,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 def disk_full(e: BaseException | None) -> BaseException | None:
@@ -373,7 +373,7 @@ class Store:
     # ---- internals
     def _write_document(self, name: str, content) -> Path:
         rel = self._relpath(self.root, name)
-        text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
+        text = content if isinstance(content, str) else json.dumps(strict_json(content), indent=2, allow_nan=False) + "\n"
         self._written.add(rel)
         atomic_write_text(self.root / rel, text)
         return self.root / rel

@@ -7,8 +7,8 @@ the document a top-level "hub" (device, QAIRT pin, summary, RTF estimate).
 """
 from __future__ import annotations
 
-import math
 
+from ..core import strict_json
 from .regate import gated_outputs
 from .scores import as_json_db, min_snr_db
 
@@ -68,10 +68,4 @@ def _build(m: dict, b: dict) -> dict:
 
 def clean(obj):
     """Strict JSON: non-finite floats become "inf" / "-inf" / "nan" (the manifest's words)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return as_json_db(obj)
-    if isinstance(obj, dict):
-        return {k: clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    return obj
+    return strict_json(obj)
