@@ -283,11 +283,11 @@ def _recipe_command(name: str) -> click.Command:
                           f"fix; default: the target's. Known: {', '.join(REWRITE_NAMES)}"),
         click.Option(["--gate"], default=None, metavar="PREC=DB,...",
                      help="override the recipe's gates in dB of SNR, e.g. --gate fp16=45,w8a16=32"),
-        click.Option(["--jobs", "-j"], type=click.IntRange(min=0), default=None, envvar="OMNI_EXPORT_JOBS",
+        click.Option(["--jobs", "-j"], type=click.IntRange(0, 1024), default=None, envvar="OMNI_EXPORT_JOBS",
                      help="worker processes: every job of the build (ONNX export, quantization, QNN compiles, "
                           ".pte lowering, one scoring run per build) runs on one, across components, longest "
-                          "chain first [default: one per core, as memory allows; 1: everything in the build "
-                          "process; env OMNI_EXPORT_JOBS]"),
+                          "chain first [default, or 0: one per core, as memory allows; 1: everything in the "
+                          "build process; env OMNI_EXPORT_JOBS]"),
         click.Option(["--executor"], default="local", show_default=True, metavar="local|ray[:ADDRESS]",
                      help="where the jobs run: worker processes on this machine, or a Ray cluster (pip install "
                           "'omni-export[ray]'; ray:ADDRESS joins a running one, e.g. ray:auto)"),
@@ -302,7 +302,7 @@ def _recipe_command(name: str) -> click.Command:
                           "fast (the 0.6B fused predictor frame: 23 s), 2 (QNN's default) and 3 search "
                           "longer for a faster on-device graph (450 s for that frame at QNN's default). "
                           "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
-        click.Option(["--max-memory"], type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB",
+        click.Option(["--max-memory"], type=FINITE_GB, default=None, metavar="GB",
                      help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
                           "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "
                           "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
@@ -318,12 +318,30 @@ def _recipe_command(name: str) -> click.Command:
         if o.type is bool:
             params.append(click.Option([f"--{o.name}"], is_flag=True, default=o.default, help=o.help))
         else:
-            params.append(click.Option([f"--{o.name}"], type=o.type, default=o.default,
+            kind = click.IntRange(*o.range) if o.type is int and o.range else o.type
+            params.append(click.Option([f"--{o.name}"], type=kind, default=o.default,
                                        show_default=o.default is not None, help=o.help))
     return click.Command(name, callback=callback, params=params,
                          help=f"Export {recipe.doc}: every component, format and precision the target "
                               f"asks for, each scored against fp32 and gated.",
                          context_settings={"max_content_width": 100})
+
+
+class _FiniteGB(click.ParamType):
+    """A positive, finite number of GB, at most 1e6 (nan and inf pass click's FloatRange)."""
+    name = "GB"
+
+    def convert(self, value, param, ctx):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of GB", param, ctx)
+        if not (0 < x <= 1e6):           # also false for nan
+            self.fail(f"{value!r} is not a positive, finite number of GB (at most 1e6)", param, ctx)
+        return x
+
+
+FINITE_GB = _FiniteGB()
 
 
 def _rewrites(text: str | None, target) -> tuple[str, ...]:

@@ -165,6 +165,7 @@ class RecipeOption:
     # the components whose graphs or captured inputs the option changes (build cache keys):
     # None = all of them; () = none (e.g. an option of the end-to-end check only)
     affects: tuple[str, ...] | None = None
+    range: tuple[int | None, int | None] | None = None     # int options: the allowed [min, max]
 
 
 @dataclass(frozen=True)

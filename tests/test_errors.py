@@ -272,7 +272,7 @@ def test_too_small_calibration_set_for_a_quantized_build(tmp_path, tiny_checkpoi
 
 def test_bad_streaming_geometry(tmp_path, tiny_checkpoint):
     fails_with(["--checkpoint", tiny_checkpoint, "--chunk-frames", "0"],
-               "--left-context must be >= 0 and --chunk-frames >= 1 (got 2, 0)", tmp_path)
+               "Invalid value for '--chunk-frames': 0 is not in the range 1<=x<=250.", tmp_path)
 
 
 # --------------------------------------------------------------------------- the output directory

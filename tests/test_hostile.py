@@ -152,3 +152,22 @@ def test_the_manifest_parity_json_and_the_marker_are_strict_json(fp16_build, tmp
     back = _strict(p.read_text())
     assert back == {"snr_db": "nan", "x": ["inf", "-inf", 1.5]} and math.isnan(num(back["snr_db"]))
     assert json.loads(p.read_text())["x"][2] == 1.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--context-length", "1000000000"], "Invalid value for '--context-length': 1000000000 is not in the range 8<=x<=32768."),
+    (["--context-length", "0"], "Invalid value for '--context-length': 0 is not in the range 8<=x<=32768."),
+    (["--left-context", "100000"], "Invalid value for '--left-context': 100000 is not in the range 0<=x<=250."),
+    (["--chunk-frames", "100000"], "Invalid value for '--chunk-frames': 100000 is not in the range 1<=x<=250."),
+    (["--max-memory", "nan"], "Invalid value for '--max-memory': 'nan' is not a positive, finite number of GB (at most 1e6)"),
+    (["--max-memory", "inf"], "Invalid value for '--max-memory': 'inf' is not a positive, finite number of GB (at most 1e6)"),
+    (["--jobs", "-1"], "Invalid value for '--jobs' / '-j': -1 is not in the range 0<=x<=1024."),
+    (["--gate", "fp16=45,fp16=10"], "--gate names fp16 twice (fp16=45 and 'fp16=10'); give each precision one gate"),
+])
+def test_every_number_has_a_range(args, message, tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("qwen3-tts", "--out", str(tmp_path / "out"), *args, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"omni-export: error: {message}"
+    assert not (tmp_path / "out").exists()

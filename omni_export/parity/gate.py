@@ -15,9 +15,13 @@ def parse_gates(text: str | None) -> dict[Precision, float]:
             continue
         prec, sep, value = item.partition("=")
         try:
-            gates[Precision.parse(prec)] = db = float(value)
+            p, db = Precision.parse(prec), float(value)
         except ValueError:
             raise UsageError(f"--gate expects PRECISION=DB items like fp16=45, got '{item}'") from None
+        if p in gates:
+            raise UsageError(f"--gate names {p.value} twice ({p.value}={gates[p]:g} and '{item.strip()}'); "
+                             f"give each precision one gate")
+        gates[p] = db
         if not sep or not math.isfinite(db):
             raise UsageError(f"--gate expects PRECISION=DB items like fp16=45 (a finite number), got '{item}'")
     return gates

@@ -130,18 +130,18 @@ RECIPE = Recipe(
     end_to_end="omni_export.recipes.minicpm_o.e2e:run",
     synth="omni_export.recipes.minicpm_o.synth",
     options=(
-        RecipeOption("prefill-tokens", int, 32, "tts_condition / tts_prefill: tokens per call (P)"),
-        RecipeOption("context-length", int, 1024, "TTS backbone: KV cache slots (C): condition + codes"),
+        RecipeOption("prefill-tokens", int, 32, "tts_condition / tts_prefill: tokens per call (P)", range=(1, 4096)),
+        RecipeOption("context-length", int, 1024, "TTS backbone: KV cache slots (C): condition + codes", range=(8, 32768)),
         RecipeOption("e2e-codes", int, 24,
                      "end-to-end parity: codes generated per held-out utterance through the built graphs "
-                     "(0 skips end-to-end parity)"),
+                     "(0 skips end-to-end parity)", range=(0, 4096)),
         RecipeOption("calibration-hidden", str, None,
                      "real LLM hidden states to calibrate on: a directory of NAME.npy [tokens, llm_dim] "
                      "float arrays, each with NAME.ids.npy [tokens] (the spoken token ids); default: "
                      "seeded synthetic hidden states"),
-        RecipeOption("flow-tokens", int, 100, "flow_encoder_chunk: speech tokens per window (N; 25 Hz, 100 = 4 s)"),
-        RecipeOption("mel-frames", int, 200, "dit_step, hift_f0, hift: mel frames per call (M; 50 Hz, so 200 = 4 s)"),
-        RecipeOption("flow-steps", int, 10, "token2wav: Euler steps of the flow-matching solver (upstream: 10)"),
+        RecipeOption("flow-tokens", int, 100, "flow_encoder_chunk: speech tokens per window (N; 25 Hz, 100 = 4 s)", range=(1, 2000)),
+        RecipeOption("mel-frames", int, 200, "dit_step, hift_f0, hift: mel frames per call (M; 50 Hz, so 200 = 4 s)", range=(1, 4000)),
+        RecipeOption("flow-steps", int, 10, "token2wav: Euler steps of the flow-matching solver (upstream: 10)", range=(1, 100)),
         RecipeOption("token2wav", str, None,
                      "token2wav directory holding flow.safetensors and hift.safetensors (flow.pt / hift.pt "
                      "converted; pickles are never read); "

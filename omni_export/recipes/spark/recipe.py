@@ -57,11 +57,11 @@ RECIPE = Recipe(
     links=(LinkGroup("prefill+decode", ("prefill", "decode"),
                      "one context binary, the weights stored once, both graphs in it (AI Hub link job)"),),
     options=(
-        RecipeOption("prefill-tokens", int, 128, "prefill: tokens per call (N)"),
-        RecipeOption("context-length", int, 1024, "full layers: KV cache slots (C) = prompt + generated tokens"),
+        RecipeOption("prefill-tokens", int, 128, "prefill: tokens per call (N)", range=(1, 8192)),
+        RecipeOption("context-length", int, 1024, "full layers: KV cache slots (C) = prompt + generated tokens", range=(8, 32768)),
         RecipeOption("e2e-tokens", int, 16,
                      "end-to-end parity: greedy tokens generated per held-out prompt through the built graphs "
-                     "(0 skips end-to-end parity)"),
+                     "(0 skips end-to-end parity)", range=(0, 4096)),
         RecipeOption("random-weights", bool, False,
                      "ignore --checkpoint; write a seeded checkpoint at the real shapes of --size (measuring only)"),
         RecipeOption("size", str, "1.7b", "with --random-weights: 1.7b"),
