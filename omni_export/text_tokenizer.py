@@ -34,9 +34,12 @@ class TextTokenizer:
 def load(directory: Path) -> TextTokenizer:
     from tokenizers import Tokenizer
 
+    from .weights import check_side_file
+
     directory = Path(directory)
     fast = directory / "tokenizer.json"
-    if fast.exists():
+    if fast.exists() or fast.is_symlink():
+        check_side_file(fast, "tokenizer file")
         try:
             return TextTokenizer(Tokenizer.from_file(str(fast)))
         except Exception as e:  # the library raises plain Exceptions for malformed files
@@ -45,6 +48,9 @@ def load(directory: Path) -> TextTokenizer:
     if not (vocab.exists() and merges.exists()):
         raise UsageError(f"{directory}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
                          f"pass --text-ids instead of --text")
+    for f in (vocab, merges, directory / "tokenizer_config.json"):
+        if f.exists() or f.is_symlink():
+            check_side_file(f, "tokenizer file")
     return TextTokenizer(_from_bpe_files(vocab, merges, directory / "tokenizer_config.json"))
 
 
@@ -76,8 +82,10 @@ def _from_bpe_files(vocab: Path, merges: Path, config: Path):
 def _added_tokens(config: Path) -> list[tuple[int, str]]:
     if not config.exists():
         return []
+    from .weights import read_side_file
+
     try:
-        cfg = json.loads(config.read_text())
+        cfg = json.loads(read_side_file(config, "tokenizer file"))
         return [(int(i), d["content"]) for i, d in (cfg.get("added_tokens_decoder") or {}).items()]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{config}: malformed added_tokens_decoder ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise UsageError(f"{config}: malformed added_tokens_decoder ({str(e)[:200]})") from None

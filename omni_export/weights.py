@@ -58,6 +58,37 @@ def require_regular_file(path: Path, what: str) -> None:
         raise UsageError(f"{what} {path} is not a regular file")
 
 
+# Bounds of a checkpoint's side files (docs/errors.md): a Qwen2 tokenizer.json is ~7 MB, vocab.json
+# ~3 MB, merges.txt ~2 MB; the largest published tokenizer.json we know of is ~34 MB.
+SIDE_FILE_BYTES = {"tokenizer file": 64 << 20, "generation config": 1 << 20, "reference audio": 256 << 20}
+
+
+def check_side_file(path: Path, what: str) -> int:
+    """A checkpoint's side file (tokenizer, generation config) or a user's input file, before
+    anything opens it: a regular file (a FIFO would hang the reader, /dev/zero grow it without
+    bound) within its kind's size bound (SIDE_FILE_BYTES). Returns its size."""
+    require_regular_file(path, what)
+    size = path.stat().st_size
+    limit = SIDE_FILE_BYTES[what]
+    if size > limit:
+        raise UsageError(f"{what} {path} is {size} bytes; a {what} is at most {limit >> 20} MiB")
+    return size
+
+
+def read_side_file(path: Path, what: str) -> bytes:
+    """check_side_file, then its bytes (read to the bound: a file that grows is still refused)."""
+    check_side_file(path, what)
+    limit = SIDE_FILE_BYTES[what]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UsageError(f"{what} {path} cannot be read ({e.strerror})") from None
+    if len(data) > limit:
+        raise UsageError(f"{what} {path} is larger than {limit >> 20} MiB")
+    return data
+
+
 def weight_files(checkpoint: Path) -> list[dict]:
     """sha256 and size of every .safetensors under a checkpoint, for the manifest. Symlinks are
     followed (the Hugging Face cache links snapshot files to blobs/ outside the snapshot); the

@@ -1,5 +1,6 @@
 """Hostile inputs and racing runs (issue 34): nothing escapes OUT, one writer per OUT."""
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -171,3 +172,40 @@ def test_every_number_has_a_range(args, message, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"omni-export: error: {message}"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, kind", [("merges.txt", "fifo"), ("vocab.json", "zero"),
+                                        ("tokenizer_config.json", "zero"), ("vocab.json", "dir")])
+def test_a_checkpoint_side_file_that_is_not_a_regular_file_is_refused_before_it_is_read(name, kind, tmp_path,
+                                                                                         tiny_checkpoint):
+    """vocab.json -> /dev/zero grew memory without bound, tokenizer_config.json -> /dev/zero died in a
+    MemoryError traceback, merges.txt as a FIFO hung forever."""
+    import shutil
+
+    from conftest import GEOMETRY, run_cli
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_checkpoint, ck, symlinks=True)
+    (ck / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(ck / name)
+    elif kind == "zero":
+        (ck / name).symlink_to("/dev/zero")
+    else:
+        (ck / name).mkdir()
+    proc = run_cli("qwen3-tts", "--checkpoint", str(ck), "--out", str(tmp_path / "out"), "--components", "code2wav",
+                   *GEOMETRY, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"omni-export: error: tokenizer file {ck / name} is not a regular file"
+
+
+def test_a_side_file_past_its_bound_is_refused(tmp_path):
+    from omni_export.weights import SIDE_FILE_BYTES, read_side_file
+
+    f = tmp_path / "generation_config.json"
+    with open(f, "wb") as fh:
+        fh.truncate(SIDE_FILE_BYTES["generation config"] + 1)       # sparse: no disk used
+    with pytest.raises(UsageError, match=r"generation config .* is 1048577 bytes; a generation config is at most 1 MiB"):
+        read_side_file(f, "generation config")
+    f.write_text('{"top_k": 50}')
+    assert read_side_file(f, "generation config") == b'{"top_k": 50}'

@@ -182,11 +182,16 @@ def _request(model, graphs, kw):
 def _gen_kwargs(model, kw) -> dict:
     gc = {}
     p = model.path / "generation_config.json"
-    if p.exists():
+    if p.exists() or p.is_symlink():
+        from ...core import UsageError
+        from ...weights import read_side_file
+
         try:
-            gc = json.loads(p.read_text())
-        except ValueError:
-            gc = {}
+            gc = json.loads(read_side_file(p, "generation config"))
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"generation config {p}: not valid JSON ({str(e)[:200]})") from None
+        if not isinstance(gc, dict):
+            raise UsageError(f"generation config {p}: expected a JSON object")
     pick = lambda k, key, default: kw[k] if kw.get(k) is not None else gc.get(key, default)  # noqa: E731
     max_frames = kw.get("max_frames") or min(int(gc.get("max_new_tokens", 8192)) - 1, int(model.options["context-length"]))
     return {"greedy": bool(kw.get("greedy")) or not gc.get("do_sample", True), "seed": kw.get("seed") or 0,
@@ -223,6 +228,9 @@ def read_wav(path: Path, sr: int):
 
     from ...core import UsageError
 
+    from ...weights import check_side_file
+
+    check_side_file(Path(path), "reference audio")
     try:
         with wave.open(str(path), "rb") as w:
             ch, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
