@@ -185,6 +185,15 @@ STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 
 # Steps that run alone unless the build was given a --max-memory budget (MemoryGate.alone): the
 # QNN compile and quantizer children, and a simulator worker compiling a source ONNX itself.
 ALONE_STEPS = frozenset({"qnn-compile", "quantize", "qnn-htp"})
+# ...when their reservation comes to this much: the 0.6B talker's (1.7 GiB of weights) compile
+# reserves 4.4 GB and runs alone; a predictor's or Code2Wav's (~0.5 GiB) 1.3 GB and overlaps other
+# jobs under the gate. At 3e7927b every one of them ran alone, one core idle meanwhile.
+ALONE_MIN_BYTES = 2 << 30
+
+
+def runs_alone(kind: str, nbytes: int) -> bool:
+    """Whether a heavy step of this kind and reservation runs with nothing else heavy beside it."""
+    return kind in ALONE_STEPS and nbytes >= ALONE_MIN_BYTES
 
 
 def step_bytes(kind: str, weight_bytes: int) -> int:

@@ -253,6 +253,26 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     else:
         [job] = rows.values()
         assert job.id == "end-to-end/fp16+w8a16" and set(job.deps) == {s for s in scores if "/onnx/" in s}
-        assert job.fresh and job.memory >= 2 * weight_bytes
+        from omni_export.jobs.e2e import E2E_MEMORY_FACTOR
+
+        assert job.fresh and job.memory > 0 and job.memory >= int(E2E_MEMORY_FACTOR * weight_bytes)
     # a failed build below a row does not stop it: the row reports the graph it could not use
     assert all(j.after_all for j in rows.values())
+
+
+def test_a_heavy_graphs_jobs_are_ordered_by_its_size_and_only_big_compiles_run_alone():
+    """At 3e7927b a 0.6B talker's context binaries waited behind every job feeding ORT CPU, and each
+    predictor's quantization ran alone with a core idle: the simulator's chains of a big graph come
+    first, and a compile or quantization runs alone only when its reservation is GiBs."""
+    from omni_export.jobs.graph import DEFAULT_SECONDS, SECONDS_PER_GIB
+    from omni_export.memory import ALONE_MIN_BYTES, runs_alone, step_bytes
+
+    talker, predictor = int(1.66 * 2**30), int(0.53 * 2**30)
+    assert runs_alone("qnn-compile", step_bytes("qnn-compile", talker))
+    assert runs_alone("quantize", step_bytes("quantize", talker))
+    assert not runs_alone("qnn-compile", step_bytes("qnn-compile", predictor))
+    assert not runs_alone("pte-lower", 10 * ALONE_MIN_BYTES)
+    gib = talker / 2**30
+    htp_chain = (SECONDS_PER_GIB["lower-ctx"] + SECONDS_PER_GIB["score-htp"]) * gib
+    assert htp_chain > SECONDS_PER_GIB["lower-pte"] * gib > DEFAULT_SECONDS["lower-pte"]
+    assert "e2e" not in SECONDS_PER_GIB

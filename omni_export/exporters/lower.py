@@ -237,11 +237,12 @@ class Lowering:
 
     # ---- helpers
     def _hold(self, kind: str):
-        """Hold this graph's reservation for a heavy step of `kind` on the memory gate (alone when the
-        kind is one of memory.ALONE_STEPS and the gate keeps those alone)."""
-        from ..memory import ALONE_STEPS
+        """Hold this graph's reservation for a heavy step of `kind` on the memory gate (alone when
+        memory.runs_alone says so and the gate keeps those alone)."""
+        from ..memory import runs_alone
 
-        return self.gate.hold(self.need(kind), alone=kind in ALONE_STEPS)
+        need = self.need(kind)
+        return self.gate.hold(need, alone=runs_alone(kind, need))
 
     def need(self, kind: str) -> int:
         """The memory a heavy step of this graph reserves (memory.step_bytes); 0 for a light graph."""

@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..artifacts.store import STAGING
 from ..core import BuildSpec, Format, Precision, UsageError
 from ..faults import crash_point
 from .errors import UpstreamFailed, short
@@ -41,7 +42,7 @@ class ComponentJobs:
         self.component = run.opts.recipe.component(name)
         self.thresholds = {b.precision: run.gate(self.component, b.precision) for b in builds}
         self.entries: list[dict | None] = [None] * len(builds)
-        self.work = run.store.staging_root() / "work" / name
+        self.work = run.store.root / STAGING / "work" / name     # a real directory since Store.begin
         self.ref = None
         self.info: dict = {}
         self.states: dict[str, dict] = {}
@@ -166,7 +167,7 @@ class ComponentJobs:
 
     def _traced(self, job: Job) -> None:
         from ..artifacts.samples import keep_audio
-        from ..memory import ALONE_STEPS, step_bytes
+        from ..memory import runs_alone, step_bytes
         from .work import GraphRef
 
         if job.error is not None:
@@ -204,7 +205,7 @@ class ComponentJobs:
                 if j.state == "waiting" and j.where == "worker" and kind:
                     j.fresh = True
                     j.memory = step_bytes(kind, wb) if kind else 0
-                    j.alone = kind in ALONE_STEPS
+                    j.alone = runs_alone(kind, j.memory)
         crash_point("traced")
         self.run.trace_done()
         self._close(job)
@@ -283,11 +284,11 @@ class ComponentJobs:
             self._line(job)
             score = self.graph.jobs.get(self._id("score", spec.format.value, spec.precision.value))
             if score is not None and score.where == "worker" and self.info.get("weight_bytes", 0) >= HEAVY_BYTES:
-                from ..memory import ALONE_STEPS, step_bytes
+                from ..memory import runs_alone, step_bytes
 
                 kind = _step_kind(job.result.runner)
-                score.memory, score.alone, score.fresh = (step_bytes(kind, self.info["weight_bytes"]),
-                                                          kind in ALONE_STEPS, True)
+                score.memory = step_bytes(kind, self.info["weight_bytes"])
+                score.alone, score.fresh = runs_alone(kind, score.memory), True
         self._close(job)
 
     # ------------------------------------------------------------------------------------ score

@@ -18,9 +18,14 @@ from __future__ import annotations
 import json
 
 from ..core import Precision
-from .graph import SECONDS_PER_GIB, Job
+from .graph import Job
 
-E2E_MEMORY_FACTOR = 3     # the fp32 modules of the reference pipeline + lean sessions of the builds
+# RssAnon of the row's process per byte of the graphs' fp32 weights: the 0.6B row (5.3 GiB of
+# weights, read memory-mapped) peaked at 2.14 GiB at 3a3aed8. 3 (as it was) held 16 GB on the gate,
+# and no other heavy job could run beside the row.
+E2E_MEMORY_FACTOR = 0.6
+# No estimate scaled to the weights for the row: it is the graph's last job, and a long one put
+# every job feeding ORT CPU (the row's runner at real size) ahead of the simulator's chains.
 
 
 class EndToEndJobs:
@@ -72,8 +77,8 @@ class EndToEndJobs:
                                                           f"{', '.join(runners)}",
                                bind=lambda jobs, r=runners: self._bind(r),
                                done=lambda job, g=group: self._done(job, g),
-                               memory=E2E_MEMORY_FACTOR * weights if heavy else 0, fresh=heavy, after_all=True,
-                               seconds=SECONDS_PER_GIB["e2e"] * weights / 2**30 if heavy else None))
+                               memory=int(E2E_MEMORY_FACTOR * weights) if heavy else 0, fresh=heavy,
+                               after_all=True))
 
     def snapshot(self, planned: bool = False) -> dict:
         """The manifest as far as the build has come: every component's record (finished ones) or its

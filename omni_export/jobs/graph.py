@@ -29,8 +29,7 @@ DEFAULT_SECONDS = {"trace": 5.0, "export": 4.0, "fp16": 2.0, "quantize": 3.0, "l
 # demo's figures) went before its context binaries' compiles and simulator runs, which then ran last,
 # each compile alone.
 SECONDS_PER_GIB = {"export": 70.0, "fp16": 12.0, "quantize": 30.0, "lower": 1.0, "lower-pte": 150.0,
-                   "lower-ctx": 15.0, "lower-dlc": 10.0, "score": 15.0, "score-htp": 150.0, "attribute": 200.0,
-                   "e2e": 60.0}
+                   "lower-ctx": 15.0, "lower-dlc": 10.0, "score": 15.0, "score-htp": 150.0, "attribute": 200.0}
 
 
 @dataclass
