@@ -306,8 +306,8 @@ def _recipe_command(name: str) -> click.Command:
                      help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
                           "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "
                           "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
-                          "one after another when tight. Default: QNN compile and quantizer children run "
-                          "alone, beside the build process only (the lowest peak), and the "
+                          "one after another when tight. Default: QNN compiles and quantizations that reserve "
+                          "2 GiB or more run alone, beside the build process only (the lowest peak), and the "
                           "other steps overlap while they fit in the memory free at the build's start"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),

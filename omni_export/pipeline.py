@@ -174,7 +174,7 @@ class Build:
             executor = make_executor(opts.executor, opts.jobs)
             opts.jobs = executor.slots
             # heavy steps overlap only while their estimates fit in what is free (or under --max-memory);
-            # without --max-memory, QNN compile and quantizer children run alone (the lowest peak)
+            # without --max-memory, QNN compiles and quantizations reserving GiBs run alone (memory.runs_alone)
             gate = MemoryGate(build_budget(opts.max_memory), alone=opts.max_memory is None)
             sched = Scheduler(graph, executor, gate, on_start=lambda j: self.progress.job_started(j.label),
                               is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError),
