@@ -210,7 +210,7 @@ def test_weight_symlinked_outside_the_checkpoint_is_followed_and_recorded(tmp_pa
     (w,) = [w for w in weights if w["path"] == f"{ST}/model.safetensors"]
     assert w["resolved"] == str(blob.resolve()) and w["outside_checkpoint"] is True
     assert not any(w.get("outside_checkpoint") for w in weights if w["path"] != f"{ST}/model.safetensors")
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "parity-inputs", "parity.json",
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json", "parity-inputs", "parity.json",
                                                      "qwen3-tts-text_projection-fp16-s25-htp.onnx", "report.html",
                                                      "report.md", "sources"]
 
