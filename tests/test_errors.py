@@ -452,7 +452,7 @@ def test_click_usage_errors_are_one_line_too():
     proc = run_cli("qwen3-tts", "--left-context", "many")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("omni-export: error: Invalid value for '--left-context': 'many' is not a "
-                                   "valid integer.")
+                                   "valid integer range.")
 
 
 def test_synth_names_why_a_build_has_no_graph_to_run(tmp_path):
