@@ -270,8 +270,8 @@ class Store:
         """OUT/.staging as a real directory of OUT: a symlink there (to anywhere) is removed, never
         followed, and a fresh directory made in its place."""
         d = self.root / STAGING
-        if d.is_symlink() or (d.exists() and not d.is_dir()):
-            d.unlink()
+        if d.is_symlink() or not d.is_dir():
+            _remove_tree(d)
         d.mkdir(exist_ok=True)
         return d
 
