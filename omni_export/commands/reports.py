@@ -199,7 +199,7 @@ def diff_cmd(out_a, out_b, tolerance, as_json, summary_to, debug):
     Exit codes: 0 no regression; 2 bad input; 3 at least one regression.
     """
     from ..parity.diff import compare
-    from ..parity.report import clean
+    from ..core import strict_json
     from ..reports.markdown import diff_summary
 
     with one_line_errors(debug):
@@ -212,5 +212,5 @@ def diff_cmd(out_a, out_b, tolerance, as_json, summary_to, debug):
         result = compare(a, b, tolerance)
         text = diff_summary(result, str(root_a), str(root_b))
         append_summary(summary_to, text)
-    click.echo(json.dumps(clean(result), indent=2) if as_json else text)
+    click.echo(json.dumps(strict_json(result), indent=2, allow_nan=False) if as_json else text)
     sys.exit(EXIT_FAILED if result["regressions"] else EXIT_OK)

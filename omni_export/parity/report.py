@@ -19,7 +19,7 @@ PROVENANCE_KEYS = ("omni-export", "omni-export-git", "torch", "executorch", "onn
 
 def parity_json(m: dict, regated: dict | None = None) -> dict:
     ck = m["checkpoint"]
-    return clean({
+    return strict_json({
         "schema_version": PARITY_SCHEMA_VERSION,
         "tool": "omni-export",
         "manifest_created": m["created"],
@@ -66,6 +66,3 @@ def _build(m: dict, b: dict) -> dict:
             **({"device": parity_device(m, b)} if b.get("hub") else {})}
 
 
-def clean(obj):
-    """Strict JSON: non-finite floats become "inf" / "-inf" / "nan" (the manifest's words)."""
-    return strict_json(obj)
