@@ -33,7 +33,8 @@ def test_a_fresh_build_is_clean(fp16_build):
     n = len(listed_files(m))            # build files, parity inputs, kept calibration inputs, sources
     assert n > sum(len(b["files"]) for b in m["builds"])
     assert code == 0, lines
-    assert lines == [f"{fp16_build}: {n} listed files checked; clean"]
+    assert [d["path"] for d in m["documents"]] == ["parity.json", "report.md", "report.html"]
+    assert lines == [f"{fp16_build}: {n} listed files and 3 reports checked; clean"]
 
 
 def test_missing_artifact_is_drift(build):
@@ -50,6 +51,42 @@ def test_changed_artifact_is_drift(build):
     code, lines = verify(build)
     assert code == 3
     assert any(line.startswith(f"changed    {ONNX}: sha256 ") for line in lines), lines
+
+
+def test_truncated_artifact_and_edited_reports_are_drift(build):
+    with open(build / ONNX, "r+b") as f:
+        f.truncate(100)
+    (build / "report.md").write_text((build / "report.md").read_text().replace("accepted", "ACCEPTED", 1))
+    p = json.loads((build / "parity.json").read_text())
+    p["edited"] = True
+    (build / "parity.json").write_text(json.dumps(p))
+    code, lines = verify(build)
+    assert code == 3
+    changed = {line.split()[1].rstrip(":") for line in lines if line.startswith("changed ")}
+    assert changed == {ONNX, "report.md", "parity.json"}, lines
+    assert any(line.startswith(f"changed    {ONNX}: sha256 ") and "(100 bytes)" in line for line in lines)
+
+
+def test_a_report_removed_or_not_hashed_is_drift(build):
+    (build / "report.html").unlink()
+    m = read_manifest(build)
+    m["documents"] = [d for d in m["documents"] if d["path"] != "report.md"]
+    (build / "manifest.json").write_text(json.dumps(m))
+    code, lines = verify(build)
+    assert code == 3
+    assert "missing    report.html: listed in the manifest, not on disk" in lines
+    assert "extra      report.md: a report the manifest does not hash" in lines
+
+
+def test_reports_rewritten_by_report_and_parity_stay_clean(build):
+    before = {d["path"]: d["sha256"] for d in read_manifest(build)["documents"]}
+    assert run_cli("parity", str(build), "--gate", "fp16=80").returncode in (0, 3)
+    after = {d["path"]: d["sha256"] for d in read_manifest(build)["documents"]}
+    assert after["parity.json"] != before["parity.json"]          # the re-gating is in parity.json
+    assert verify(build)[0] == 0
+    assert run_cli("report", str(build)).returncode == 0
+    code, lines = verify(build)
+    assert code == 0, lines
 
 
 def test_extra_unlisted_file_and_unfinished_run_are_drift(build):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import UsageError
-from .store import DOCUMENTS, LOCK, MARKER, STAGING, is_ours, listed_files, sha256_file
+from .store import DOCUMENTS, LOCK, MARKER, REPORT_FILES, STAGING, is_ours, listed_files, sha256_file
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,30 @@ def check_files(out: Path, manifest: dict) -> list[Finding]:
             continue
         listed.add(Path(rel).as_posix())
         findings += _check_one(p, rel, rec)
+    findings += _check_documents(out, manifest)
     findings += [Finding("extra", rel, "not listed in the manifest") for rel in _unlisted(out, manifest, listed)]
+    return findings
+
+
+def _check_documents(out: Path, manifest: dict) -> list[Finding]:
+    """The reports against the hashes the manifest keeps of them ("documents"; a manifest written
+    before reports were hashed has none, and its reports are not checked)."""
+    docs = manifest.get("documents")
+    if docs is None:
+        return []
+    if not isinstance(docs, list) or not all(isinstance(d, dict) for d in docs):
+        return [Finding("manifest", "manifest.json", "its \"documents\" is not a list of file records")]
+    findings, named = [], set()
+    for rec in docs:
+        name = rec.get("path")
+        if name not in REPORT_FILES:
+            findings.append(Finding("manifest", "manifest.json", f"\"documents\" lists {name!r}, not a report "
+                                                                 f"({', '.join(REPORT_FILES)})"))
+            continue
+        named.add(name)
+        findings += _check_one(out / name, name, rec)
+    findings += [Finding("extra", name, "a report the manifest does not hash") for name in REPORT_FILES
+                 if name not in named and (out / name).exists()]
     return findings
 
 

@@ -51,6 +51,7 @@ STAGING = ".staging"
 REJECTED = "rejected"
 MANIFEST = "manifest.json"
 DOCUMENTS = ("manifest.json", "parity.json", "report.md", "report.html")
+REPORT_FILES = DOCUMENTS[1:]          # hashed in the manifest's "documents" (the manifest cannot hash itself)
 _SCRATCH_PREFIXES = (MARKER, STAGING, LOCK, ".write-test-")
 
 
@@ -140,6 +141,13 @@ def listed_files(manifest: dict) -> list[dict]:
     return out
 
 
+def document_records(root: Path) -> list[dict]:
+    """The reports in OUT as file records, for the manifest's "documents": what `verify` checks
+    them against (an edited report.md is drift like an edited artifact)."""
+    return [FileRecord(name, sha256_file(root / name), (root / name).stat().st_size).to_json()
+            for name in REPORT_FILES if (root / name).is_file() and not (root / name).is_symlink()]
+
+
 def is_ours(manifest) -> bool:
     return isinstance(manifest, dict) and manifest.get("tool") == "omni-export"
 
@@ -212,6 +220,7 @@ class Store:
         missing = [f["path"] for f in listed_files(manifest) if not (self.root / f["path"]).is_file()]
         if missing:
             raise ValueError(f"manifest lists files not in place: {', '.join(missing[:3])}")
+        manifest["documents"] = document_records(self.root)
         self._write_document(MANIFEST, manifest)
 
     def finish(self, manifest: dict) -> None:
@@ -226,6 +235,7 @@ class Store:
         crash_point("pruned")
         _remove_tree(self.root / STAGING)
         crash_point("documents")
+        manifest["documents"] = document_records(self.root)
         self._write_document(MANIFEST, manifest)
         _fsync_dir(self.root)
         crash_point("manifest")
@@ -256,6 +266,19 @@ class Store:
     @property
     def incomplete(self) -> bool:
         return (self.root / MARKER).exists()
+
+    def rewrite_reports(self, manifest: dict, write) -> None:
+        """`omni-export report` / `parity`: under the lock, `write(atomic_write_text)` puts new
+        reports into a finished build, then manifest.json is rewritten with their hashes."""
+        self._lock()
+        try:
+            if (self.root / MARKER).exists():
+                raise UsageError(f"{self.root} holds an unfinished run (.incomplete); rerun the build")
+            write(lambda name, text: atomic_write_text(self.root / self._relpath(self.root, name), text))
+            manifest["documents"] = document_records(self.root)
+            atomic_write_json(self.root / MANIFEST, manifest)
+        finally:
+            self._unlock()
 
     # ---- files
     def staging(self, name: str) -> Path:

@@ -24,8 +24,9 @@ EXIT_CLEAN, EXIT_USAGE, EXIT_DRIFT = 0, 2, 3
 @click.option("--json", "as_json", is_flag=True, help="print the findings as JSON on stdout")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def verify(out_dir: Path, rescore: bool, tolerance_db: float, as_json: bool, debug: bool):
-    """Check a build directory against its manifest: every listed file present with its sha256, no
-    unlisted files, no unfinished run. Exit 0 clean, 3 drift, 2 bad input."""
+    """Check a build directory against its manifest: every listed file and report (parity.json,
+    report.md, report.html) present with its sha256, no unlisted files, no unfinished run.
+    Exit 0 clean, 3 drift, 2 bad input."""
     from ..artifacts.integrity import check_files, load_manifest
     from ..core import UsageError
 
@@ -57,13 +58,16 @@ def _not_rescored():
 
 
 def _print(out: Path, manifest, findings, rows, as_json: bool) -> None:
-    n_files = None
+    n_files, n_reports = None, 0
     if manifest is not None:
         from ..artifacts.store import listed_files
 
         n_files = len(listed_files(manifest))
+        docs = manifest.get("documents")
+        n_reports = len(docs) if isinstance(docs, list) else 0
     if as_json:
         click.echo(json.dumps({"out": str(out), "clean": not findings, "files_checked": n_files,
+                               "reports_checked": n_reports,
                                "findings": [f.to_json() for f in findings], "rescored": rows}, indent=2))
         return
     for f in findings:
@@ -75,4 +79,5 @@ def _print(out: Path, manifest, findings, rows, as_json: bool) -> None:
             dbs = ", ".join(f"{n} {db} dB" for n, db in r["outputs"].items())
             click.echo(f"rescore    {r['name']} ({r['format']}): {dbs}")
     verdict = "clean" if not findings else f"{len(findings)} finding(s): drift"
-    click.echo(f"{out}: {n_files if n_files is not None else 'no'} listed files checked; {verdict}")
+    reports = f" and {n_reports} reports" if n_reports else ""
+    click.echo(f"{out}: {n_files if n_files is not None else 'no'} listed files{reports} checked; {verdict}")

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPORT_FILES = ("parity.json", "report.md", "report.html")
+from ..artifacts.store import REPORT_FILES
 
 
 def write_reports(root: Path, manifest: dict, regated: dict | None = None, write=None) -> list[Path]:
     """Write the three reports into `root` atomically; a re-gating record, when given, is shown
     beside the manifest's verdicts (and stored in parity.json's "regated"). `write(name, text)` is
-    the build's store during a run (so its journal knows the files); plain atomic writes otherwise."""
-    from ..artifacts.store import atomic_write_text
+    the build's store during a run (so its journal knows the files). Without it (`omni-export
+    report` / `parity` on a finished build) the writes take OUT's lock and manifest.json is
+    rewritten with the new reports' hashes, so `verify` stays clean and catches later edits."""
+    from ..artifacts.store import Store
     from ..parity.report import parity_json
     from . import html, markdown
 
@@ -25,9 +27,9 @@ def write_reports(root: Path, manifest: dict, regated: dict | None = None, write
         "report.md": markdown.summary(manifest, regated),
         "report.html": html.render(root, manifest, regated),
     }
-    for name, text in texts.items():
-        if write is not None:
+    if write is not None:
+        for name, text in texts.items():
             write(name, text)
-        else:
-            atomic_write_text(root / name, text)
+    else:
+        Store(root).rewrite_reports(manifest, lambda put: [put(name, text) for name, text in texts.items()])
     return [root / n for n in REPORT_FILES]
