@@ -207,7 +207,7 @@ def _recipe_command(name: str) -> click.Command:
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
                  **recipe_opts):
-        from .faults import sigint_latched
+        from .faults import interrupted_by, interrupts_latched
         from .pipeline import RunOptions, run
 
         try:
@@ -228,7 +228,7 @@ def _recipe_command(name: str) -> click.Command:
                 max_memory=int(max_memory * 1e9) if max_memory else None)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
-            with _native_stdout_to_stderr(), sigint_latched():
+            with _native_stdout_to_stderr(), interrupts_latched():
                 result = run(opts, console)
                 result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, pre, console)
             reports.append_summary(summary_to, (result.out / "report.md").read_text())
@@ -237,9 +237,13 @@ def _recipe_command(name: str) -> click.Command:
         except hub_cli.HubInterrupted as e:
             _fail(str(e), debug, 130)
         except KeyboardInterrupt:
+            import signal
+
             from .artifacts.store import interrupted_message
 
-            _fail(interrupted_message(Path(out) if out else Path("artifacts") / f"{name}-{target}"), debug, 130)
+            by = interrupted_by()
+            _fail(interrupted_message(Path(out) if out else Path("artifacts") / f"{name}-{target}", by), debug,
+                  128 + signal.Signals[by].value)
         m = result.manifest
         if as_json:
             click.echo(json.dumps(strict_json({"out": str(result.out), "exit_code": result.exit_code,

@@ -38,17 +38,20 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-# ------------------------------------------------------------------------------------ Ctrl-C latch
+# ----------------------------------------------------------------------------- Ctrl-C / SIGTERM latch
 
 _interrupted = threading.Event()
+_signal: list[str] = []           # the name of the signal that interrupted the run
+LATCHED = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def sigint_latched():
-    """While it runs, Ctrl-C raises KeyboardInterrupt as usual and is also remembered. Python drops a
-    KeyboardInterrupt raised while a finalizer runs (an object's __del__, a weakref callback, during
-    a gc pass: "Exception ignored in ...") and the run goes on; a remembered one is raised again at
-    the next `interrupt_point()` (every stage start and end), so the run stops as interrupted."""
+def interrupts_latched():
+    """While it runs, Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt and are remembered
+    (`interrupted_by()` names the signal). Python drops a KeyboardInterrupt raised while a finalizer
+    runs (an object's __del__, a weakref callback, during a gc pass: "Exception ignored in ...")
+    and the run goes on; a remembered one is raised again at the next `interrupt_point()` (every
+    stage start and end), so the run stops as interrupted."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -56,6 +59,7 @@ def sigint_latched():
     import sys
 
     def latch(signum, frame):
+        _signal[:] = [signal.Signals(signum).name]
         _interrupted.set()
         raise KeyboardInterrupt
 
@@ -64,17 +68,26 @@ def sigint_latched():
             hook(info)
 
     _interrupted.clear()
-    previous, hook = signal.signal(signal.SIGINT, latch), sys.unraisablehook
+    _signal.clear()
+    previous = {s: signal.signal(s, latch) for s in LATCHED}
+    hook = sys.unraisablehook
     sys.unraisablehook = unraisable
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         sys.unraisablehook = hook
         _interrupted.clear()
 
 
+def interrupted_by() -> str:
+    """SIGINT or SIGTERM: what interrupted the last latched run (SIGINT when nothing was latched:
+    a KeyboardInterrupt Python raised itself)."""
+    return _signal[0] if _signal else "SIGINT"
+
+
 def interrupt_point() -> None:
-    """Raise KeyboardInterrupt if Ctrl-C came (under `sigint_latched`), even if Python dropped it."""
+    """Raise KeyboardInterrupt if Ctrl-C or SIGTERM came (under `interrupts_latched`), even if Python dropped it."""
     if _interrupted.is_set():
         raise KeyboardInterrupt

@@ -102,7 +102,7 @@ class StageLog(Wrapped):
 
 
 class InterruptPoints(Wrapped):
-    """Every stage and job start and end is an interrupt point (faults.sigint_latched)."""
+    """Every stage and job start and end is an interrupt point (faults.interrupts_latched)."""
 
     @contextlib.contextmanager
     def stage(self, text: str) -> Iterator[StageNote | None]:

@@ -209,3 +209,43 @@ def test_a_side_file_past_its_bound_is_refused(tmp_path):
         read_side_file(f, "generation config")
     f.write_text('{"top_k": 50}')
     assert read_side_file(f, "generation config") == b'{"top_k": 50}'
+
+
+def test_sigterm_says_what_it_kept_and_the_rerun_resumes_from_it(tmp_path, tiny_checkpoint):
+    """SIGTERM (a CI timeout, `kill`) ends a build like Ctrl-C: one line naming the signal and the
+    components OUT keeps, exit 143; the next run reuses those and builds the rest."""
+    import json
+    import signal
+
+    from conftest import GEOMETRY, ROOT, run_cli
+
+    out = tmp_path / "out"
+    args = ["qwen3-tts", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--components",
+            "text_projection,code2wav", "--formats", "onnx", "--precision", "fp16,w8a16", "--no-attribution",
+            "--jobs", "1", "-q", *GEOMETRY]
+    proc = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def finished() -> list[str]:
+        try:
+            return sorted(json.loads((out / ".incomplete").read_text()).get("finished") or {})
+        except (OSError, ValueError):
+            return []
+
+    deadline = time.monotonic() + 120
+    while not finished() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kept, alive = finished(), proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert alive and kept, f"nothing to interrupt (exit {proc.returncode}, finished {kept}): {err[-1500:]}"
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"omni-export: error: interrupted by SIGTERM; {out} is marked incomplete (.incomplete); the next run "
+        f"keeps the finished {', '.join(kept)} and rebuilds the rest")
+    again = run_cli(*args, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert set(kept) <= set(m["cache"]["reused_components"]) < {"text_projection", "code2wav"}
+    assert run_cli("verify", str(out)).returncode == 0

@@ -602,7 +602,19 @@ def _refuse_live_run(root: Path, marker: dict) -> None:
                      f"wait for it to finish or choose another --out")
 
 
-def interrupted_message(out: Path) -> str:
-    if (Path(out) / MARKER).exists():
-        return f"interrupted; {out} is marked incomplete (.incomplete) and the next run rebuilds it"
-    return f"interrupted before anything was written; {out} is as it was"
+def interrupted_message(out: Path, signal_name: str = "SIGINT") -> str:
+    """One line for a run stopped by a signal: what was interrupted and what OUT keeps."""
+    out = Path(out)
+    by = "interrupted" if signal_name == "SIGINT" else f"interrupted by {signal_name}"
+    if not (out / MARKER).exists():
+        return f"{by} before anything was written; {out} is as it was"
+    try:
+        marker = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        marker = {}
+    done = marker.get("finished") if isinstance(marker, dict) else None
+    done = sorted(done) if isinstance(done, dict) else []
+    if not done:
+        return f"{by}; {out} is marked incomplete (.incomplete) and the next run rebuilds it"
+    return (f"{by}; {out} is marked incomplete (.incomplete); the next run keeps the finished "
+            f"{', '.join(done)} and rebuilds the rest")
