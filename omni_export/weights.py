@@ -128,7 +128,7 @@ def read_header(path: Path) -> dict:
             (n,) = struct.unpack("<Q", raw)
             if n <= 1 or n > min(size - 8, 100 * 2**20):
                 raise ValueError(f"header length {n} does not fit the file ({size} bytes)")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_unique_keys)
     except (OSError, ValueError, RecursionError) as e:
         _sniff_pickle(path, raw)
         raise UsageError(f"{path}: not a readable safetensors file ({_first_line(e)}); truncated or "
@@ -141,6 +141,20 @@ def read_header(path: Path) -> dict:
             continue
         _check_entry(path, name, info, data_len)
     return header
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are unique: a safetensors header naming one tensor twice (which
+    entry would a reader take?) is refused, as the safetensors library does."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the header names '{_shown(key)}' twice")
+        seen[key] = value
+    return seen
+
+
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def _shown(value) -> str:
@@ -195,6 +209,11 @@ def load_tensors(path: Path, table: TensorTable, *, prefix: str = "", check_fini
             raise UsageError(f"{path}: tensor '{full}' has shape {list(header[full]['shape'])}, expected "
                              f"{list(decl.shape)} from the config")
     present = [n for n in table if prefix + n in header]
+    for n in present:
+        if header[prefix + n]["dtype"] not in FLOAT_DTYPES:
+            raise UsageError(f"{path}: tensor '{prefix + n}' is stored as {_shown(header[prefix + n]['dtype'])}; "
+                             f"weights are read as floating point ({', '.join(FLOAT_DTYPES)}) and never cast "
+                             f"from integers or booleans (a quantized checkpoint? pass the full-precision one)")
     try:
         if lazy:
             if check_finite:

@@ -249,3 +249,33 @@ def test_sigterm_says_what_it_kept_and_the_rerun_resumes_from_it(tmp_path, tiny_
     m = json.loads((out / "manifest.json").read_text())
     assert set(kept) <= set(m["cache"]["reused_components"]) < {"text_projection", "code2wav"}
     assert run_cli("verify", str(out)).returncode == 0
+
+
+def _safetensors(path: Path, header: bytes, data: bytes) -> Path:
+    import struct
+
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+def test_a_safetensors_header_naming_a_tensor_twice_is_refused(tmp_path):
+    from omni_export.weights import TensorDecl, load_tensors
+
+    entry = '{"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}'
+    f = _safetensors(tmp_path / "model.safetensors", f'{{"w": {entry}, "w": {entry}}}'.encode(), bytes(8))
+    with pytest.raises(UsageError, match=r"model.safetensors: not a readable safetensors file \(the header names "
+                                         r"'w' twice\)"):
+        load_tensors(f, {"w": TensorDecl((2,))})
+
+
+@pytest.mark.parametrize("dtype, data", [("I8", bytes(2)), ("BOOL", bytes(2)), ("I64", bytes(16))])
+def test_integer_or_boolean_weights_are_refused_not_cast(dtype, data, tmp_path):
+    import json
+
+    from omni_export.weights import TensorDecl, load_tensors
+
+    header = json.dumps({"w": {"dtype": dtype, "shape": [2], "data_offsets": [0, len(data)]}}).encode()
+    f = _safetensors(tmp_path / "model.safetensors", header, data)
+    with pytest.raises(UsageError, match=rf"tensor 'w' is stored as {dtype}; weights are read as floating point "
+                                         r"\(F32, F16, BF16, F64\) and never cast"):
+        load_tensors(f, {"w": TensorDecl((2,))})
