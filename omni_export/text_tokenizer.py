@@ -17,6 +17,11 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+class MissingTokenizer(UsageError):
+    """The checkpoint has no tokenizer files. The message names the files; a caller with a way
+    around them (synth's --text-ids, --prompt-ids) adds it: a build has none to offer."""
+
+
 class TextTokenizer:
     def __init__(self, tok):
         self._tok = tok
@@ -46,8 +51,8 @@ def load(directory: Path) -> TextTokenizer:
             raise UsageError(f"{fast}: not a readable tokenizer file ({e})") from None
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
     if not (vocab.exists() and merges.exists()):
-        raise UsageError(f"{directory}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
-                         f"pass --text-ids instead of --text")
+        raise MissingTokenizer(f"{directory}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt); "
+                               f"copy them from the checkpoint's release")
     for f in (vocab, merges, directory / "tokenizer_config.json"):
         if f.exists() or f.is_symlink():
             check_side_file(f, "tokenizer file")
