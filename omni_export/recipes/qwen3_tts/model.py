@@ -398,22 +398,25 @@ def reference_voice(seed: int, seconds: float = 3.0, sr: int = 24000) -> np.ndar
     return wav.astype(np.float32)
 
 
-def load_code_sequences(path: Path, codebooks: int, codebook_size: int) -> list[np.ndarray]:
+def load_code_sequences(path: Path, codebooks: int, codebook_size: int,
+                        option: str = "--calibration-codes") -> list[np.ndarray]:
+    """Code sequences [frames, codebooks] from a .npy or a directory of them, each checked (regular
+    file, shape, integer values in [0, codebook_size)); errors name `option`, the flag that gave `path`."""
     if not path.exists():
-        raise UsageError(f"--calibration-codes {path} does not exist; pass a .npy of codes [frames, "
+        raise UsageError(f"{option} {path} does not exist; pass a .npy of codes [frames, "
                          f"{codebooks}] or a directory of them")
     files = sorted(path.glob("*.npy")) if path.is_dir() else [path]
     if not files:
-        raise UsageError(f"--calibration-codes {path}: no .npy files in the directory")
-    return [_code_sequence(f, codebooks, codebook_size) for f in files]
+        raise UsageError(f"{option} {path}: no .npy files in the directory")
+    return [_code_sequence(f, codebooks, codebook_size, option) for f in files]
 
 
-def _code_sequence(f: Path, codebooks: int, codebook_size: int) -> np.ndarray:
-    where = f"--calibration-codes {f}"
-    require_regular_file(f, where)
+def _code_sequence(f: Path, codebooks: int, codebook_size: int, option: str) -> np.ndarray:
+    where = f"{option} {f}"
+    require_regular_file(f, option)
     try:
         a = np.load(f, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
+    except (OSError, ValueError, EOFError, MemoryError) as e:   # MemoryError: a header claiming TiBs
         raise UsageError(f"{where}: not a readable .npy ({_first_line(e)}); save codes with numpy.save "
                          f"(pickled object arrays are never loaded)") from None
     if not isinstance(a, np.ndarray):
