@@ -166,7 +166,19 @@ class Talker:
 
 
 class ContextFull(Exception):
-    pass
+    """The KV cache is full: generation stops there ("context"); a prompt that does not fit at all
+    is refused before its first row (prompt_fits)."""
+
+
+def prompt_fits(prompt, opts: GenOptions) -> None:
+    """A prompt longer than the context is a usage error, before any graph runs (it was a ContextFull
+    traceback from the prefill). synth checks the user's text earlier, naming the option."""
+    from ...core import UsageError
+
+    n = prompt.embeds.shape[0]
+    if n > opts.context:
+        raise UsageError(f"a talker prompt needs {n} positions but the context holds {opts.context}; raise "
+                         f"--context-length above {n} (each generated frame takes one more position)")
 
 
 def gumbel(rng: np.random.Generator, shape) -> np.ndarray:
@@ -229,6 +241,7 @@ def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray,
 def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
     """Prefill the prompt, then alternate predictor (frame k) and talker decode (token k + 1)."""
     t = cfg.talker
+    prompt_fits(prompt, opts)
     rng = np.random.default_rng(opts.seed)
     talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
     logits, hidden = talker.run(prompt.embeds)
@@ -282,6 +295,7 @@ def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOpt
     the forced frames and the predictor step graphs the forced codes. Returns (predicted codes,
     decision margins) [frames, Q]; margins are the gaps between the two best processed logits."""
     t, p = cfg.talker, cfg.predictor
+    prompt_fits(prompt, opts)
     talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
     logits, hidden = talker.run(prompt.embeds)
     generated: list[int] = []
