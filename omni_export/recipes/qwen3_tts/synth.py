@@ -26,7 +26,7 @@ top-k 50, repetition penalty 1.05, min 2 tokens, codes 2048..3071 except EOS sup
 """
 
 
-def _ids(text: str | None) -> list[int] | None:
+def _ids(text: str | None, option: str = "--text-ids") -> list[int] | None:
     if not text:
         return None
     try:
@@ -34,7 +34,72 @@ def _ids(text: str | None) -> list[int] | None:
     except ValueError:
         from ...core import UsageError
 
-        raise UsageError("--text-ids / --instruct-ids take comma-separated integers") from None
+        raise UsageError(f"{option} takes comma-separated integers") from None
+
+
+def checkpoint_name(given) -> str:
+    """The checkpoint as messages name it: the demo one is written to a scratch directory that is gone
+    by the time the message is read."""
+    return str(given) if given else "the demo checkpoint"
+
+
+def check_ids(ids, vocab: int, option: str, checkpoint: str, tokenized: bool = False) -> None:
+    """Token ids against a vocabulary of `vocab` entries, before any work: a negative id would wrap
+    around to the table's end unseen, one past it be an IndexError deep in the first graph call.
+    `tokenized`: the checkpoint's tokenizer made them from `option`'s text (then the files disagree)."""
+    from ...core import UsageError
+
+    bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
+    if bad is None:
+        return
+    if tokenized:
+        raise UsageError(f"{checkpoint}: the tokenizer gives id {bad} for {option} but the text vocabulary is "
+                         f"0..{vocab - 1}; tokenizer and weights do not belong together")
+    raise UsageError(f"{option}: {bad} is outside the text vocabulary 0..{vocab - 1} of {checkpoint}")
+
+
+def check_output_file(path, option: str) -> Path:
+    """An output file's path before any work (a FIFO would block the write forever, a directory or
+    device fail it or swallow it after minutes of generation): a regular file or nothing yet, under
+    a directory that exists or can be made. Returns the path."""
+    import os
+    import stat
+
+    from ...core import UsageError
+
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise UsageError(f"{option} {path} cannot be written ({e.strerror})") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"{option} {path} is a directory; pass a file path")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"{option} {path} is not a regular file (a FIFO, device or socket); pass a file path")
+    parent = next((d for d in path.absolute().parents if d.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{option} {path}: {parent} is not a directory")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {parent} is not writable")
+    return path
+
+
+def npy_path(path) -> Path:
+    """Where numpy.save writes `path` (it adds .npy to a name without it)."""
+    return Path(str(path) if str(path).endswith(".npy") else f"{path}.npy")
+
+
+def save_output(path, option: str, write) -> None:
+    """`write(path)`, an OSError (disk full, a path made unwritable meanwhile) as one line."""
+    from ...core import UsageError
+
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+    except OSError as e:
+        raise UsageError(f"{option} {path} cannot be written ({e.strerror or e})") from None
 
 
 def options() -> list:
@@ -82,24 +147,33 @@ def run(**kw) -> dict:
 
     from . import model as M
 
+    if kw.get("wav"):
+        check_output_file(kw["wav"], "--wav")
+    if kw.get("codes_out"):
+        check_output_file(npy_path(kw["codes_out"]), "--codes-out")
+    _ids(kw.get("text_ids"), "--text-ids")          # their syntax before the checkpoint loads
+    _ids(kw.get("instruct_ids"), "--instruct-ids")
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
-        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw) -> dict:
+def _run(model, build, kw, name: str) -> dict:
     import numpy as np
 
     from .graphs import BuildGraphs, EagerGraphs
 
+    # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
+    codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
+    req, voice = (None, None) if codes is not None else _request(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
     try:
-        if kw.get("codes"):
-            codes = _read_codes(Path(kw["codes"]), model)
+        if codes is not None:
             gen = None
         else:
-            req = _request(model, graphs, kw)
+            if voice is not None:
+                req.speaker_embedding = model.speaker_embedding(graphs, voice)
             if build and not kw.get("predictor"):
                 kw = {**kw, "predictor": "frame" if "predictor_frame" in graphs.specs else "step"}
             gen_kw = _gen_kwargs(model, kw)
@@ -110,9 +184,9 @@ def _run(model, build, kw) -> dict:
         if build:
             graphs.close()
     if kw.get("codes_out"):
-        np.save(kw["codes_out"], codes.astype(np.int64))
+        save_output(npy_path(kw["codes_out"]), "--codes-out", lambda p: np.save(p, codes.astype(np.int64)))
     if kw.get("wav"):
-        write_wav(Path(kw["wav"]), wav, model.speech.sample_rate)
+        save_output(Path(kw["wav"]), "--wav", lambda p: write_wav(p, wav, model.speech.sample_rate))
     where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
     return {"frames": int(len(codes)), "seconds": round(len(wav) / model.speech.sample_rate, 3),
             "stopped": gen.stopped if gen else "decoded given codes", "graphs": where,
@@ -145,21 +219,32 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
     return opts, checkpoint or m["checkpoint"]["path"]
 
 
-def _request(model, graphs, kw):
-    import numpy as np
-
+def _request(model, kw, build, name: str):
+    """The request, every id checked against the text vocabulary and its prompt against the talker's
+    context, before any graph runs; and the reference voice's samples (Base checkpoints), or None."""
     from ...core import UsageError
-    from .prompt import Request
+    from ...text_tokenizer import MissingTokenizer
+    from .prompt import Request, instruct_ids
 
-    ids = _ids(kw.get("text_ids"))
-    if ids is None:
-        if not kw.get("text"):
-            raise UsageError("give --text, --text-ids or --codes")
-        ids = model.template(kw["text"])
-    ins = _ids(kw.get("instruct_ids"))
-    if ins is None and kw.get("instruct"):
-        ins = model.tokenizer.encode(f"<|im_start|>user\n{kw['instruct']}<|im_end|>\n")
     cfg = model.cfg
+    vocab = cfg.talker.text_vocab_size
+    text_option, ins_option = "--text-ids", "--instruct-ids"
+    ids = _ids(kw.get("text_ids"), text_option)
+    ins = _ids(kw.get("instruct_ids"), ins_option)
+    if ids is None and not kw.get("text"):
+        raise UsageError("give --text, --text-ids or --codes")
+    try:
+        if ids is None:
+            text_option = "--text"
+            ids = model.template(kw["text"])
+        if ins is None and kw.get("instruct"):
+            ins_option = "--instruct"
+            ins = instruct_ids(model.tokenizer, kw["instruct"])
+    except MissingTokenizer as e:      # its hint fits a build; synth has a way around the tokenizer
+        way = "--text-ids instead of --text" if text_option == "--text" else "--instruct-ids instead of --instruct"
+        raise UsageError(f"{e}, or pass {way}") from None
+    for given, option in ((ids, text_option), (ins or [], ins_option)):
+        check_ids(given, vocab, option, name, tokenized=option in ("--text", "--instruct"))
     if ins and cfg.tts_model_type == "custom_voice" and "0b6" in cfg.tts_model_size:
         ins = None   # upstream's wrapper drops instructions for the 0.6B CustomVoice model
     speaker = kw.get("speaker")
@@ -169,14 +254,51 @@ def _request(model, graphs, kw):
     non_streaming = cfg.tts_model_type != "base" if mode == "auto" else mode == "non-streaming"
     req = Request(text_ids=ids, speaker=speaker, language=kw.get("language") or "auto", instruct_ids=ins,
                   non_streaming=non_streaming)
+    voice = None
     if cfg.tts_model_type == "base":
         from .model import reference_voice
 
-        wav = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate) if kw.get("ref_audio") else reference_voice(0)
-        req.speaker_embedding = model.speaker_embedding(graphs, wav)
+        voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate) if kw.get("ref_audio") else reference_voice(0)
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
-    return req
+    _check_context(model, req, text_option, ins_option if ins else None, build)
+    return req, voice
+
+
+def _check_context(model, req, text_option: str, ins_option: str | None, build) -> None:
+    """The talker positions the prompt needs, and (streaming) the text fed after it, against the
+    context (--context-length: the build's, or the recipe's default without --build). Counted by
+    building the prompt with 1-wide stand-in rows: its rules, none of its work."""
+    import dataclasses
+
+    import numpy as np
+
+    from ...core import UsageError
+    from .prompt import build as build_prompt
+
+    def stand_in(ids):
+        return np.zeros((len(ids), 1), np.float32)
+
+    voice = np.zeros(1, np.float32) if model.cfg.tts_model_type == "base" else None
+    pr = build_prompt(model.cfg, dataclasses.replace(req, speaker_embedding=voice), stand_in, stand_in)
+    need, context = len(pr.embeds) + len(pr.trailing), int(model.options["context-length"])
+    if need <= context:
+        return
+    given = f"{text_option}: {len(req.text_ids)} tokens"
+    if ins_option:
+        given += f" and {ins_option}: {len(req.instruct_ids)} tokens"
+    raise UsageError(f"{given} need {need} talker positions with the prompt; the context holds {context} "
+                     f"(--context-length); shorten the text, or {context_hint('qwen3-tts', build)}")
+
+
+def context_hint(recipe: str, build) -> str:
+    """How to get a larger context: synth runs the build's (or, without --build, the recipe's default)."""
+    from ...recipes import get_recipe
+
+    top = next(o.range[1] for o in get_recipe(recipe).options if o.name == "context-length")
+    if build:
+        return f"rebuild {build} with a larger --context-length (at most {top})"
+    return f"build with a larger --context-length (at most {top}) and synth --build it"
 
 
 def _gen_kwargs(model, kw) -> dict:
@@ -207,7 +329,7 @@ def _read_codes(path: Path, model):
     from .model import load_code_sequences
 
     c = model.speech.config
-    return load_code_sequences(path, c.num_quantizers, c.codebook_size)[0].astype(np.int64)
+    return load_code_sequences(path, c.num_quantizers, c.codebook_size, "--codes")[0].astype(np.int64)
 
 
 def write_wav(path: Path, wav, sr: int) -> None:
