@@ -59,15 +59,19 @@ def run(**kw) -> dict:
     """Returns a summary; raises UsageError for bad input."""
     import tempfile
 
+    from ..qwen3_tts.synth import check_output_file, checkpoint_name, npy_path
     from . import model as M
 
+    for key, option in (("codes_out", "--codes-out"), ("mel_out", "--mel-out"), ("wav", "--wav")):
+        if kw.get(key):      # before any work: a FIFO, directory or device there is refused now
+            check_output_file(kw[key] if key == "wav" else npy_path(kw[key]), option)
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
-        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw) -> dict:
+def _run(model, build, kw, name: str) -> dict:
     import numpy as np
 
     from ...core import UsageError
@@ -75,7 +79,7 @@ def _run(model, build, kw) -> dict:
 
     if kw["max_codes"] < 1 or kw["min_new_tokens"] < 0:
         raise UsageError("--max-codes must be >= 1 and --min-new-tokens >= 0")
-    utt = _utterance(model, kw)
+    utt = _utterance(model, kw, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
     pick = lambda k, d: kw[k] if kw.get(k) is not None else d      # noqa: E731
     c = model.cfg
@@ -101,16 +105,14 @@ def _run(model, build, kw) -> dict:
     finally:
         if build:
             graphs.close()
-    if kw.get("codes_out"):
-        Path(kw["codes_out"]).parent.mkdir(parents=True, exist_ok=True)
-        np.save(kw["codes_out"], gen.codes.astype(np.int64))
-    if mel is not None and kw.get("mel_out"):
-        Path(kw["mel_out"]).parent.mkdir(parents=True, exist_ok=True)
-        np.save(kw["mel_out"], mel.astype(np.float32))
-    if wav is not None:
-        from ..qwen3_tts.synth import write_wav
+    from ..qwen3_tts.synth import npy_path, save_output, write_wav
 
-        write_wav(Path(kw["wav"]), wav, model.hift[0].sampling_rate)
+    if kw.get("codes_out"):
+        save_output(npy_path(kw["codes_out"]), "--codes-out", lambda p: np.save(p, gen.codes.astype(np.int64)))
+    if mel is not None and kw.get("mel_out"):
+        save_output(npy_path(kw["mel_out"]), "--mel-out", lambda p: np.save(p, mel.astype(np.float32)))
+    if wav is not None:
+        save_output(Path(kw["wav"]), "--wav", lambda p: write_wav(p, wav, model.hift[0].sampling_rate))
     where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
     if build and graphs.placed:
         where += "; " + ", ".join(f"{g} at fp32 on the CPU" for g in sorted(graphs.placed))
@@ -121,7 +123,7 @@ def _run(model, build, kw) -> dict:
             "wav_seconds": round(len(wav) / model.hift[0].sampling_rate, 3) if wav is not None else None}
 
 
-def _utterance(model, kw):
+def _utterance(model, kw, name: str):
     import numpy as np
 
     from ...core import UsageError
@@ -135,18 +137,31 @@ def _utterance(model, kw):
     ids = kw.get("text_ids")
     if not ids:
         raise UsageError("--hidden-states needs --text-ids (the spoken token ids, one per hidden-state row)")
+    from ..qwen3_tts.synth import check_ids
+
+    vocab = model.cfg.num_text_tokens
     if ids.endswith(".npy"):
+        from .model import _npy
+
+        values = _npy(Path(ids), "--text-ids")
+        if not np.issubdtype(values.dtype, np.integer):
+            raise UsageError(f"--text-ids {ids}: token ids must be integers, got dtype {values.dtype}")
+        check_ids(values.reshape(-1), vocab, "--text-ids", name)
         return read_utterance(hidden, Path(ids), model.cfg, "--hidden-states/--text-ids")
     try:
-        values = np.array([int(t) for t in ids.replace(" ", "").split(",") if t], np.int64)
+        values = [int(t) for t in ids.replace(" ", "").split(",") if t]
     except ValueError:
         raise UsageError("--text-ids takes a .npy file or comma-separated integers") from None
+    check_ids(values, vocab, "--text-ids", name)     # before int64: 10**30 is out of range, not an OverflowError
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "ids.npy"
-        np.save(f, values)
-        return read_utterance(hidden, f, model.cfg, "--hidden-states/--text-ids")
+        np.save(f, np.array(values, np.int64))
+        try:
+            return read_utterance(hidden, f, model.cfg, "--hidden-states/--text-ids")
+        except UsageError as e:     # name the list, not the temporary file that carried it
+            raise UsageError(str(e).replace(f"--text-ids {f}", "--text-ids (the comma-separated ids)")) from None
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):

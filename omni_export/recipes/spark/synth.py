@@ -43,6 +43,7 @@ def run(**kw) -> dict:
     import tempfile
 
     from ...core import UsageError
+    from ..qwen3_tts.synth import checkpoint_name
     from . import model as M
 
     if kw.get("max_tokens") is None or kw["max_tokens"] < 1:
@@ -50,13 +51,13 @@ def run(**kw) -> dict:
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
-        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw)
+        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw) -> dict:
+def _run(model, build, kw, name: str) -> dict:
     from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
 
-    ids = _prompt(model, kw)
+    ids = _prompt(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
     try:
         gen = model.generate(graphs, ids, int(kw["max_tokens"]), stop=not kw.get("ignore_eos"))
@@ -71,21 +72,34 @@ def _run(model, build, kw) -> dict:
             "checkpoint": str(model.path), "label": model.info["label"]}
 
 
-def _prompt(model, kw) -> list[int]:
+def _prompt(model, kw, build, name: str) -> list[int]:
+    """The prompt's ids, each checked against the vocabulary and, with --max-tokens, their length
+    against the context, before any graph runs."""
     from ...core import UsageError
+    from ...text_tokenizer import MissingTokenizer
+    from ..qwen3_tts.synth import check_ids, context_hint
 
     if kw.get("prompt_ids"):
+        option = "--prompt-ids"
         try:
             ids = [int(t) for t in kw["prompt_ids"].replace(" ", "").split(",") if t]
         except ValueError:
             raise UsageError("--prompt-ids takes comma-separated integers") from None
-        bad = [i for i in ids if not 0 <= i < model.cfg.vocab_size]
-        if bad:
-            raise UsageError(f"--prompt-ids: id {bad[0]} is outside the vocabulary [0, {model.cfg.vocab_size})")
-        return ids
-    if kw.get("prompt"):
-        return model.encode(kw["prompt"])
-    raise UsageError("give --prompt or --prompt-ids")
+        check_ids(ids, model.cfg.vocab_size, option, name)
+    elif kw.get("prompt"):
+        option = "--prompt"
+        try:
+            ids = model.encode(kw["prompt"])
+        except MissingTokenizer as e:      # its hint fits a build; synth has a way around the tokenizer
+            raise UsageError(f"{e}, or pass --prompt-ids instead of --prompt") from None
+    else:
+        raise UsageError("give --prompt or --prompt-ids")
+    need, context = len(ids) + int(kw["max_tokens"]) - 1, model.context    # the last token is never fed back
+    if ids and need > context:
+        raise UsageError(f"{option}: {len(ids)} tokens and --max-tokens {kw['max_tokens']} need {need} positions; "
+                         f"the context holds {context} (--context-length); shorten the prompt, lower --max-tokens, "
+                         f"or {context_hint('spark', build)}")
+    return ids
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
