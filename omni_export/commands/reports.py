@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -54,31 +55,46 @@ def one_line_errors(debug: bool):
 
 
 def load_manifest(path: str | Path) -> tuple[Path, dict]:
-    """(output directory, manifest) from an output directory or a manifest.json path."""
+    """(output directory, manifest) from an output directory or a manifest.json path, checked by
+    artifacts.manifest.read_manifest (JSON, schema, every listed path inside OUT)."""
+    from ..artifacts.manifest import read_manifest
+
     path = Path(path)
     root, file = (path.parent, path) if path.suffix == ".json" else (path, path / "manifest.json")
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(f"{path}: no such file or directory")
-    if not file.is_file():
+    if not file.exists() and not file.is_symlink():
         raise UsageError(f"{root}: no manifest.json; run a build first (omni-export qwen3-tts --out {root})")
     if (root / ".incomplete").exists():
         raise UsageError(f"{root} holds an unfinished run (.incomplete); rerun the build")
-    try:
-        m = json.loads(file.read_text())
-    except ValueError as e:
-        raise UsageError(f"{file} is not valid JSON ({e})") from None
-    if not isinstance(m, dict) or m.get("tool") != "omni-export" or m.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        raise UsageError(f"{file} is not an omni-export manifest with schema_version {MANIFEST_SCHEMA_VERSION}")
-    return root, m
+    return root, read_manifest(root, file)
 
 
 def recorded_regate(root: Path) -> dict | None:
-    """The re-gating a previous `omni-export parity` stored in parity.json, if any."""
+    """The re-gating a previous `omni-export parity` stored in parity.json, if any (a parity.json that
+    is not a regular file of OUT, or not JSON, holds none; a damaged re-gating record is an error)."""
+    from ..artifacts.manifest import MANIFEST_BYTES
+
+    path = root / "parity.json"
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MANIFEST_BYTES:
+        return None
     try:
-        p = json.loads((root / "parity.json").read_text())
+        p = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return p.get("regated") if isinstance(p, dict) and p.get("schema_version") == 2 else None
+    old = p.get("regated") if isinstance(p, dict) and p.get("schema_version") == 2 else None
+    if old is None:
+        return None
+    gates, floor = old.get("gates_db") if isinstance(old, dict) else None, (old or {}).get("fail_under_db")
+    if not (isinstance(gates, dict) and all(_finite_number(v) for v in gates.values())
+            and (floor is None or _finite_number(floor))):
+        raise UsageError(f"{path}: its \"regated\" record is damaged (gates_db must map precisions to dB, "
+                         f"fail_under_db a number or null); `omni-export parity {root}` rewrites it")
+    return old
+
+
+def _finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def append_summary(path: str | None, text: str) -> None:
