@@ -4,7 +4,6 @@ without importing torch); the work happens in `run`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -74,13 +73,15 @@ def run(**kw) -> dict:
 def _run(model, build, kw, name: str) -> dict:
     import numpy as np
 
+    from ...artifacts.manifest import read_manifest
     from ...core import UsageError
     from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
 
     if kw["max_codes"] < 1 or kw["min_new_tokens"] < 0:
         raise UsageError("--max-codes must be >= 1 and --min-new-tokens >= 0")
     utt = _utterance(model, kw, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
+        else EagerGraphs(model)
     pick = lambda k, d: kw[k] if kw.get(k) is not None else d      # noqa: E731
     c = model.cfg
     opts = model.gen_options(greedy=bool(kw.get("greedy")), seed=kw.get("seed") or 0, max_codes=kw["max_codes"],
@@ -170,12 +171,13 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
     opts = {o.name: o.default for o in get_recipe("minicpm-o").options}
     if build is None:
         return opts, checkpoint
+    from ...artifacts.manifest import read_manifest
     from ...core import UsageError
 
     path = build / "manifest.json"
     if not path.exists():
         raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    m = json.loads(path.read_text())
+    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
     if m.get("recipe", {}).get("name") != "minicpm-o":
         raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not minicpm-o")
     opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})

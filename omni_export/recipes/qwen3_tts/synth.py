@@ -162,12 +162,14 @@ def run(**kw) -> dict:
 def _run(model, build, kw, name: str) -> dict:
     import numpy as np
 
+    from ...artifacts.manifest import read_manifest
     from .graphs import BuildGraphs, EagerGraphs
 
     # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
     codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
     req, voice = (None, None) if codes is not None else _request(model, kw, build, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
+        else EagerGraphs(model)
     try:
         if codes is not None:
             gen = None
@@ -201,12 +203,13 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
     opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
     if build is None:
         return opts, checkpoint
+    from ...artifacts.manifest import read_manifest
     from ...core import UsageError
 
     path = build / "manifest.json"
     if not path.exists():
         raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    m = json.loads(path.read_text())
+    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
     if m.get("recipe", {}).get("name") != "qwen3-tts":
         raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not qwen3-tts")
     opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})

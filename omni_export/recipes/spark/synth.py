@@ -4,7 +4,6 @@ Only click and the standard library are imported at module load; the work happen
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -55,10 +54,12 @@ def run(**kw) -> dict:
 
 
 def _run(model, build, kw, name: str) -> dict:
+    from ...artifacts.manifest import read_manifest
     from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
 
     ids = _prompt(model, kw, build, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision")) if build else EagerGraphs(model)
+    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
+        else EagerGraphs(model)
     try:
         gen = model.generate(graphs, ids, int(kw["max_tokens"]), stop=not kw.get("ignore_eos"))
     finally:
@@ -103,6 +104,7 @@ def _prompt(model, kw, build, name: str) -> list[int]:
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
+    from ...artifacts.manifest import read_manifest
     from ...core import UsageError
     from ...recipes import get_recipe
 
@@ -112,10 +114,7 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
     path = build / "manifest.json"
     if not path.exists():
         raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    try:
-        m = json.loads(path.read_text())
-    except ValueError as e:
-        raise UsageError(f"{path}: unreadable ({e})") from None
+    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
     if m.get("recipe", {}).get("name") != "spark":
         raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not spark")
     opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
