@@ -394,11 +394,13 @@ def _synth_command(name: str, module_path: str) -> click.Command:
                 summary = module.run(**kw)
         except UsageError as e:
             _fail(str(e), debug)
+        for note in summary.get("notes") or []:
+            click.echo(f"omni-export: note: {note}", err=True)
         if as_json:
             click.echo(json.dumps(strict_json(summary), indent=2, allow_nan=False))
         else:
             for k, v in summary.items():
-                if v is not None:
+                if v is not None and k != "notes":
                     click.echo(f"{k:11s} {v}")
 
     params = module.options() + [click.Option(["--debug"], is_flag=True, help="show tracebacks")]

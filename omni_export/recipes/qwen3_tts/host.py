@@ -74,17 +74,25 @@ def synthetic_codes(frames: int, codebooks: int, codebook_size: int, seed: int,
 MASK = -100.0     # additive attention mask (matches the graphs' internal masks)
 
 
+FRAME_TOP_K = 50                  # the top-k the fused predictor frame graph is traced with
+
+
 @dataclass
 class GenOptions:
-    greedy: bool = False
+    """Upstream's sampling (generation_config.json keys in brackets; their processors in upstream's
+    order: repetition penalty, min_new_tokens, suppressed codes; then temperature, top-k, top-p)."""
+    greedy: bool = False              # not [do_sample]: talker and code predictor
     seed: int = 0
-    max_frames: int = 300
-    temperature: float = 0.9
-    top_k: int = 50
-    repetition_penalty: float = 1.05
+    max_frames: int = 300             # [max_new_tokens] - 1
+    temperature: float = 0.9          # [temperature]
+    top_k: int = 50                   # [top_k]
+    top_p: float = 1.0                # [top_p]
+    repetition_penalty: float = 1.05  # [repetition_penalty]
     min_new_tokens: int = 2
-    sub_temperature: float = 0.9
-    sub_top_k: int = 50
+    sub_greedy: bool = False          # not [subtalker_dosample]: the code predictor alone
+    sub_temperature: float = 0.9      # [subtalker_temperature]
+    sub_top_k: int = 50               # [subtalker_top_k]
+    sub_top_p: float = 1.0            # [subtalker_top_p]
     predictor: str = "frame"          # "frame": one fused graph per frame; "step": prefill + 14 steps
     prefill_tokens: int = 32
     context: int = 1024
@@ -186,17 +194,34 @@ def gumbel(rng: np.random.Generator, shape) -> np.ndarray:
     return (-np.log(-np.log(np.clip(u, 1e-20, 1.0 - 1e-12)))).astype(np.float32)
 
 
-def pick(logits: np.ndarray, noise: np.ndarray | None, top_k: int) -> int:
-    """argmax(top-k(logits) + noise): greedy when noise is None; else a sample of softmax(logits)
-    restricted to the top k (noise = temperature * Gumbel)."""
+def pick(logits: np.ndarray, noise: np.ndarray | None, top_k: int, top_p: float = 1.0,
+         temperature: float = 1.0) -> int:
+    """argmax(kept(logits) + noise): greedy when noise is None; else a sample of softmax(logits / T)
+    over the kept codes (noise = T * Gumbel): the top k, then upstream's top-p (transformers'
+    TopPLogitsWarper on the temperature-scaled, top-k-filtered scores: drop the least likely codes
+    while their summed probability stays <= 1 - top_p, keep at least one)."""
     logits = logits.astype(np.float32)
     if noise is None:
         return int(np.argmax(logits))
-    kth = np.partition(logits, -top_k)[-top_k]
-    # Outside the top k: below every noisy score, so noise never lifts one over a kept logit
+    kept = logits >= np.partition(logits, -top_k)[-top_k] if top_k < logits.size else np.isfinite(logits)
+    if top_p < 1.0:
+        kept &= _top_p(logits, kept, top_p, temperature)
+    # Dropped codes: below every noisy score, so noise never lifts one over a kept logit
     # (upstream's filter sets them to -inf; a floor under the logits alone did not hold).
     noisy = logits + noise
-    return int(np.argmax(np.where(logits >= kth, noisy, noisy.min() - 1.0)))
+    return int(np.argmax(np.where(kept, noisy, noisy.min() - 1.0)))
+
+
+def _top_p(logits: np.ndarray, kept: np.ndarray, top_p: float, temperature: float) -> np.ndarray:
+    scores = np.where(kept, logits / np.float32(temperature), -np.inf).astype(np.float32)
+    order = np.argsort(scores, kind="stable")                       # ascending, as upstream sorts
+    z = scores[order] - scores[order[-1]]
+    probs = np.exp(z) / np.exp(z).sum(dtype=np.float32)
+    drop = np.cumsum(probs, dtype=np.float32) <= np.float32(1.0 - top_p)
+    drop[-1] = False                                                # min_tokens_to_keep = 1
+    out = np.ones_like(kept)
+    out[order[drop]] = False
+    return out
 
 
 def talker_logits(logits: np.ndarray, generated: list[int], cfg, opts: GenOptions) -> np.ndarray:
@@ -216,6 +241,15 @@ def talker_logits(logits: np.ndarray, generated: list[int], cfg, opts: GenOption
     return x
 
 
+def frame_cannot_honour(opts: GenOptions) -> list[str]:
+    """The code-predictor sampling settings the fused frame graph cannot follow (it samples inside,
+    over the top FRAME_TOP_K codes, without top-p); the step graphs follow every one."""
+    if opts.greedy or opts.sub_greedy:
+        return []
+    gaps = [f"subtalker_top_k {opts.sub_top_k} (the frame graph's is {FRAME_TOP_K})"] if opts.sub_top_k != FRAME_TOP_K else []
+    return gaps + ([f"subtalker_top_p {opts.sub_top_p}"] if opts.sub_top_p < 1.0 else [])
+
+
 def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray, opts: GenOptions,
                     tables) -> tuple[list[int], np.ndarray]:
     """Codes c1..c15 and the summed 16-codebook embedding for the next talker input."""
@@ -227,14 +261,19 @@ def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray,
     p = cfg.predictor
     out = graphs("predictor_prefill", {"past_hidden": h, "code0": code0})
     past = _predictor_past(p, out)
-    codes = [pick(out["logits"][0], None if opts.greedy else noise[0], opts.sub_top_k)]
+    greedy = opts.greedy or opts.sub_greedy
+
+    def choose(logits, s):
+        return pick(logits, None if greedy else noise[s], opts.sub_top_k, opts.sub_top_p, opts.sub_temperature)
+
+    codes = [choose(out["logits"][0], 0)]
     for s in range(1, p.num_code_groups - 1):
         out = graphs("predictor_decode", {"code": np.array([[codes[-1]]], np.int32),
                                           "step": np.array([s], np.int32), **past})
         for i in range(p.num_hidden_layers):
             for kind in ("key", "value"):
                 past[f"past_{kind}_{i}"][:, :, s + 1] = out[f"new_{kind}_{i}"][:, :, 0]
-        codes.append(pick(out["logits"][0], None if opts.greedy else noise[s], opts.sub_top_k))
+        codes.append(choose(out["logits"][0], s))
     return codes, tables.embedding_sum([c0] + codes)
 
 
@@ -242,6 +281,11 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
     """Prefill the prompt, then alternate predictor (frame k) and talker decode (token k + 1)."""
     t = cfg.talker
     prompt_fits(prompt, opts)
+    if opts.predictor == "frame" and frame_cannot_honour(opts):
+        from ...core import UsageError
+
+        raise UsageError(f"the fused predictor frame graph cannot sample with {', '.join(frame_cannot_honour(opts))}; "
+                         f"use --predictor step")
     rng = np.random.default_rng(opts.seed)
     talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
     logits, hidden = talker.run(prompt.embeds)
@@ -254,7 +298,8 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
         if opts.greedy:
             return int(np.argmax(x))
         noise = gumbel(rng, x.shape) * np.float32(opts.temperature)
-        return pick(np.where(np.isfinite(x), x, -1e30).astype(np.float32), noise, opts.top_k)
+        return pick(np.where(np.isfinite(x), x, -1e30).astype(np.float32), noise, opts.top_k, opts.top_p,
+                    opts.temperature)
 
     c0, h = sample(logits[-1]), hidden[-1]
     generated.append(c0)
@@ -265,7 +310,7 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
         if len(frames) >= opts.max_frames:
             break
         q1 = cfg.predictor.num_code_groups - 1
-        noise = (np.zeros((q1, cfg.predictor.vocab_size), np.float32) if opts.greedy else
+        noise = (np.zeros((q1, cfg.predictor.vocab_size), np.float32) if opts.greedy or opts.sub_greedy else
                  gumbel(rng, (q1, cfg.predictor.vocab_size)) * np.float32(opts.sub_temperature))
         codes, emb = predictor_frame(graphs, cfg, h, c0, noise, opts, tables)
         frames.append([c0] + codes)

@@ -172,7 +172,7 @@ class Qwen3TTS:
         if component == "predictor_decode":
             return tk.PredictorDecode(self._predictor_core)
         if component == "predictor_frame":
-            return tk.PredictorFrame(self._predictor_core, top_k=host.GenOptions().sub_top_k)
+            return tk.PredictorFrame(self._predictor_core, top_k=host.FRAME_TOP_K)
         if component == "speaker_encoder":
             from .speaker import SpeakerEncoder
 

@@ -20,10 +20,24 @@ the exported graphs of a build (--build OUT --runner ort|htp|pte).
   omni-export synth qwen3-tts --checkpoint DIR --text-ids 151644,77091,198,... --greedy --codes-out c.npy
   omni-export synth qwen3-tts --checkpoint DIR --codes c.npy --wav out.wav        (decode only)
 
-Sampling follows the checkpoint's generation_config.json (upstream's defaults: temperature 0.9,
-top-k 50, repetition penalty 1.05, min 2 tokens, codes 2048..3071 except EOS suppressed);
---greedy turns sampling off for the talker and the code predictor and keeps the rest.
+Sampling follows the checkpoint's generation_config.json as upstream's generate does: each key
+(in brackets in the options below) unless its flag is given, else upstream's default
+(temperature 0.9, top-k 50, top-p 1.0, repetition penalty 1.05, the same for the code predictor,
+at most 2048 new tokens); min 2 tokens, codes 2048..3071 except EOS suppressed. --greedy turns
+sampling off for the talker and the code predictor and keeps the rest.
 """
+
+POSITIVE = click.FloatRange(min=0, min_open=True, max=1e6)
+PROBABILITY = click.FloatRange(min=0, min_open=True, max=1)
+# generation_config.json: the keys upstream's generate reads (name -> (GenOptions field, default)),
+# and transformers' bookkeeping keys that say nothing about sampling
+SAMPLING_KEYS = {"temperature": ("temperature", 0.9), "top_k": ("top_k", 50), "top_p": ("top_p", 1.0),
+                 "repetition_penalty": ("repetition_penalty", 1.05),
+                 "subtalker_temperature": ("sub_temperature", 0.9), "subtalker_top_k": ("sub_top_k", 50),
+                 "subtalker_top_p": ("sub_top_p", 1.0)}
+OTHER_KEYS = ("do_sample", "subtalker_dosample", "max_new_tokens")
+BOOKKEEPING = ("transformers_version", "_from_model_config", "bos_token_id", "eos_token_id", "pad_token_id")
+MAX_NEW_TOKENS = 2048              # upstream's hard default when generation_config.json has none
 
 
 def _ids(text: str | None, option: str = "--text-ids") -> list[int] | None:
@@ -124,12 +138,18 @@ def options() -> list:
           help="non-streaming puts all text in the prompt; auto follows upstream (non-streaming for "
                "CustomVoice / VoiceDesign, streaming for Base)"),
         o(["--max-frames"], type=int, default=None, help="stop after this many 80 ms frames [default: context]"),
-        o(["--greedy"], is_flag=True, help="no sampling (talker and predictor)"),
+        o(["--greedy"], is_flag=True, help="no sampling (talker and predictor) [do_sample false]"),
         o(["--seed"], type=int, default=0, show_default=True),
-        o(["--temperature"], type=float, default=None), o(["--top-k"], type=int, default=None),
-        o(["--repetition-penalty"], type=float, default=None),
-        o(["--sub-temperature"], type=float, default=None, help="code predictor temperature"),
-        o(["--sub-top-k"], type=int, default=None, help="code predictor top-k"),
+        o(["--temperature"], type=POSITIVE, default=None, help="talker temperature [temperature]"),
+        o(["--top-k"], type=click.IntRange(min=1), default=None, help="talker top-k [top_k]"),
+        o(["--top-p"], type=PROBABILITY, default=None, help="talker top-p, in (0, 1] [top_p]"),
+        o(["--repetition-penalty"], type=POSITIVE, default=None,
+          help="talker repetition penalty on its generated codes [repetition_penalty]"),
+        o(["--sub-greedy"], is_flag=True, help="no sampling in the code predictor [subtalker_dosample false]"),
+        o(["--sub-temperature"], type=POSITIVE, default=None, help="code predictor temperature [subtalker_temperature]"),
+        o(["--sub-top-k"], type=click.IntRange(min=1), default=None, help="code predictor top-k [subtalker_top_k]"),
+        o(["--sub-top-p"], type=PROBABILITY, default=None,
+          help="code predictor top-p [subtalker_top_p]; below 1 the step graphs run (the frame graph has no top-p)"),
         o(["--predictor"], type=click.Choice(["frame", "step"]), default=None,
           help="fused frame graph (1 call per frame) or the step graphs (15 calls); default: the frame "
                "graph, or the step graphs when the build has no frame graph for --runner (its .pte is opt-in)"),
@@ -164,12 +184,14 @@ def _run(model, build, kw, name: str) -> dict:
 
     from ...artifacts.manifest import read_manifest
     from .graphs import BuildGraphs, EagerGraphs
+    from .host import frame_cannot_honour
 
     # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
     codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
     req, voice = (None, None) if codes is not None else _request(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
         else EagerGraphs(model)
+    chosen, notes = kw.get("predictor"), []
     try:
         if codes is not None:
             gen = None
@@ -178,7 +200,12 @@ def _run(model, build, kw, name: str) -> dict:
                 req.speaker_embedding = model.speaker_embedding(graphs, voice)
             if build and not kw.get("predictor"):
                 kw = {**kw, "predictor": "frame" if "predictor_frame" in graphs.specs else "step"}
-            gen_kw = _gen_kwargs(model, kw)
+            gen_kw, notes = _gen_kwargs(model, kw)
+            gaps = frame_cannot_honour(model.gen_options(**gen_kw))
+            if gaps and gen_kw["predictor"] == "frame" and not chosen:
+                gen_kw["predictor"] = kw["predictor"] = "step"
+                notes.append(f"the code predictor runs as step graphs: the fused frame graph cannot sample "
+                             f"with {', '.join(gaps)}")
             gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False)
             codes = gen.codes
         wav = model.decode(graphs, codes) if len(codes) else np.zeros(0, np.float32)
@@ -194,7 +221,7 @@ def _run(model, build, kw, name: str) -> dict:
             "stopped": gen.stopped if gen else "decoded given codes", "graphs": where,
             "checkpoint": str(model.path), "label": model.info["label"],
             **({"predictor": kw.get("predictor") or "frame"} if gen else {}),
-            "codes_out": kw.get("codes_out"), "wav": kw.get("wav")}
+            "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {})}
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
@@ -304,11 +331,13 @@ def context_hint(recipe: str, build) -> str:
     return f"build with a larger --context-length (at most {top}) and synth --build it"
 
 
-def _gen_kwargs(model, kw) -> dict:
-    gc = {}
-    p = model.path / "generation_config.json"
+def _gen_kwargs(model, kw) -> tuple[dict, list[str]]:
+    """GenOptions fields from the flags, else the checkpoint's generation_config.json, else
+    upstream's defaults; and notes (keys upstream reads that nothing here knows)."""
+    from ...core import UsageError
+
+    gc, p = {}, model.path / "generation_config.json"
     if p.exists() or p.is_symlink():
-        from ...core import UsageError
         from ...weights import read_side_file
 
         try:
@@ -317,13 +346,37 @@ def _gen_kwargs(model, kw) -> dict:
             raise UsageError(f"generation config {p}: not valid JSON ({str(e)[:200]})") from None
         if not isinstance(gc, dict):
             raise UsageError(f"generation config {p}: expected a JSON object")
-    pick = lambda k, key, default: kw[k] if kw.get(k) is not None else gc.get(key, default)  # noqa: E731
-    max_frames = kw.get("max_frames") or min(int(gc.get("max_new_tokens", 8192)) - 1, int(model.options["context-length"]))
-    return {"greedy": bool(kw.get("greedy")) or not gc.get("do_sample", True), "seed": kw.get("seed") or 0,
-            "max_frames": max_frames, "temperature": pick("temperature", "temperature", 0.9),
-            "top_k": pick("top_k", "top_k", 50), "repetition_penalty": pick("repetition_penalty", "repetition_penalty", 1.05),
-            "sub_temperature": pick("sub_temperature", "subtalker_temperature", 0.9),
-            "sub_top_k": pick("sub_top_k", "subtalker_top_k", 50), "predictor": kw.get("predictor") or "frame"}
+
+    def value(key: str, kind, ok, rule: str):
+        v = gc[key]
+        if kind is bool:
+            good = isinstance(v, bool)
+        else:
+            good = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+        if not good or not ok(v):
+            raise UsageError(f"generation config {p}: {key} is {json.dumps(v)[:40]}; expected {rule}")
+        return kind(v)
+
+    rules = {"temperature": (float, lambda v: 0 < v <= 1e6, "a number > 0"),
+             "top_k": (int, lambda v: v >= 1, "an integer >= 1"),
+             "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+             "repetition_penalty": (float, lambda v: 0 < v <= 1e6, "a number > 0"),
+             "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+             "do_sample": (bool, lambda v: True, "true or false")}
+    out = {}
+    for key, (field, default) in SAMPLING_KEYS.items():
+        rule = rules[key.removeprefix("subtalker_")]
+        out[field] = kw[field] if kw.get(field) is not None else value(key, *rule) if key in gc else default
+    do_sample = value("do_sample", *rules["do_sample"]) if "do_sample" in gc else True
+    sub_sample = value("subtalker_dosample", *rules["do_sample"]) if "subtalker_dosample" in gc else True
+    max_new = value("max_new_tokens", *rules["max_new_tokens"]) if "max_new_tokens" in gc else MAX_NEW_TOKENS
+    unknown = sorted(k for k in gc if k not in SAMPLING_KEYS and k not in OTHER_KEYS and k not in BOOKKEEPING)
+    notes = [f"{p}: ignored keys {', '.join(unknown)} (omni-export follows {', '.join([*SAMPLING_KEYS, *OTHER_KEYS])})"] \
+        if unknown else []
+    max_frames = kw.get("max_frames") or min(max_new - 1, int(model.options["context-length"]))
+    return {**out, "greedy": bool(kw.get("greedy")) or not do_sample,
+            "sub_greedy": bool(kw.get("sub_greedy")) or not sub_sample, "seed": kw.get("seed") or 0,
+            "max_frames": max(max_frames, 1), "predictor": kw.get("predictor") or "frame"}, notes
 
 
 def _read_codes(path: Path, model):
