@@ -69,9 +69,10 @@ def _attribution(att: dict, rows: list[BuildRow]) -> dict | None:
     att = {p: r for p, r in att.items() if r}
     if not att:
         return None
-    blocks = [r["block"] for r in next(iter(att.values()))]
-    series = {p: [next((x.get("snr_db") for x in rs if x["block"] == b), None) for b in blocks]
-              for p, rs in att.items()}
+    blocks = list(dict.fromkeys(r["block"] for rs in att.values() for r in rs))    # every precision's, in order
+    att = {p: [next((x for x in rs if x["block"] == b), {"block": b, "snr_db": None}) for b in blocks]
+           for p, rs in att.items()}                    # a block one precision has no row for: "—"
+    series = {p: [x.get("snr_db") for x in rs] for p, rs in att.items()}
     gates = {r.precision: r.threshold_db for r in rows if r.threshold_db is not None}
     return {"figure": figures.attribution_chart(blocks, series, gates), "blocks": blocks, "table": att,
             "runners": {p: next((x.get("runner") for x in rs if x.get("runner")), "") for p, rs in att.items()}}

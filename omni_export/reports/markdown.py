@@ -2,14 +2,41 @@
 
 Every build is one table row; every rejected build is named with its reason. Plots, audio,
 per-block tables and full provenance live in report.html.
+
+Every string that comes from a manifest (component, runner, reason, path, option, toolchain
+version) goes through md(): a crafted one cannot end its table cell, code span or line, nor open
+a link or an HTML tag.
 """
 from __future__ import annotations
+
+import re
+import unicodedata
 
 from . import hub
 from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
                    weakest_blocks)
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected"}
+
+# Backslash-escaped in text: a backslash before punctuation (it would escape ours), a backtick (a
+# code span), a pipe (a table cell), `<` opening a tag, autolink or comment, `]` closing a link's
+# text. Line breaks and other control characters become spaces; bidi overrides are dropped.
+_TEXT_ESCAPE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|[`|]|<(?=[A-Za-z/!?])|\](?=[(\[])")
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def md(value, code: bool = False) -> str:
+    """`value` (from a manifest) as report.md text that stays where it is put: one line, no markup
+    of its own. `code`: as a whole code span, its fence longer than any run of backticks inside (code
+    spans stand outside tables here, where a pipe is plain text)."""
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+                   for c in str(value) if c not in _BIDI)
+    if not code:
+        return _TEXT_ESCAPE.sub(lambda x: "\\" + x.group(0), text)
+    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if (text[:1] == "`" or text[-1:] == "`" or not text.strip()
+                  or (text[:1] == " " and text[-1:] == " ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def summary(m: dict, regated: dict | None = None) -> str:
@@ -38,9 +65,9 @@ def summary(m: dict, regated: dict | None = None) -> str:
 def _title(m: dict, rows: list[BuildRow], regated: dict | None) -> str:
     missing = components_without_accepted(m, rows)
     below = (regated or {}).get("summary", {}).get("below_fail_under") or []
-    head = f"omni-export · {m['recipe']['name']} → {m['target']['name']}"
+    head = f"omni-export · {md(m['recipe']['name'])} → {md(m['target']['name'])}"
     if missing:
-        return f"## ❌ {head}: no accepted build for {', '.join(missing)} (exit 3)"
+        return f"## ❌ {head}: no accepted build for {', '.join(map(md, missing))} (exit 3)"
     if below:
         return f"## ❌ {head}: {len(below)} accepted build(s) under --fail-under {regated['fail_under_db']:g} dB (exit 3)"
     return f"## ✅ {head}: every component has an accepted build"
@@ -48,23 +75,24 @@ def _title(m: dict, rows: list[BuildRow], regated: dict | None) -> str:
 
 def _provenance(m: dict) -> str:
     ck, tc = m["checkpoint"], m["toolchain"]
-    return (f"Checkpoint **{ck['label']}** (`{ck['path']}`) · omni-export `{short_sha(tc.get('omni-export-git'))}` · "
-            f"onnxruntime-qnn {tc.get('onnxruntime-qnn')} (QNN {tc.get('qnn')}) · executorch {tc.get('executorch')} · "
-            f"host {m['host'].get('hostname')} · {m['created']}")
+    return (f"Checkpoint **{md(ck['label'])}** ({md(ck['path'], code=True)}) · omni-export "
+            f"{md(short_sha(tc.get('omni-export-git')), code=True)} · onnxruntime-qnn {md(tc.get('onnxruntime-qnn'))} "
+            f"(QNN {md(tc.get('qnn'))}) · executorch {md(tc.get('executorch'))} · "
+            f"host {md(m['host'].get('hostname'))} · {md(m['created'])}")
 
 
 def _regated_note(regated: dict) -> str:
-    gates = ", ".join(f"{p}={v:g}" for p, v in regated["gates_db"].items()) or "the build-time gates"
+    gates = ", ".join(f"{md(p)}={v:g}" for p, v in regated["gates_db"].items()) or "the build-time gates"
     changed = regated["summary"]["changed"]
     return (f"> **Re-gated** by `omni-export parity` against {gates} ({regated['created']}): verdicts below are "
             f"against these gates; `manifest.json` keeps the build-time verdicts and no file moved. "
-            f"Changed: {', '.join(changed) if changed else 'none'}.")
+            f"Changed: {', '.join(map(md, changed)) if changed else 'none'}.")
 
 
 def _table_row(r: BuildRow) -> str:
     verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
-    runner = f"{r.runner} ({r.scored})" if r.scored else r.runner
-    return (f"| {r.component} | {r.format} | {r.precision} | {runner} | {fmt_db(r.min_snr_db)} | "
+    runner = f"{md(r.runner)} ({r.scored})" if r.scored else md(r.runner)
+    return (f"| {md(r.component)} | {md(r.format)} | {md(r.precision)} | {runner} | {fmt_db(r.min_snr_db)} | "
             f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")
 
 
@@ -74,11 +102,11 @@ def _rejected(rows: list[BuildRow], regated: dict | None) -> list[str]:
         return []
     where = "files where the build put them" if regated else "files under `rejected/`, never deployable"
     lines = ["", f"**Rejected** ({where}):"]
-    return lines + [f"- `{r.key}` ({_where(r)}): {r.reason}" for r in rejected]
+    return lines + [f"- {md(r.key, code=True)} ({_where(r)}): {md(r.reason)}" for r in rejected]
 
 
 def _where(r: BuildRow) -> str:
-    return f"{r.runner}, `{r.files[0]['path']}`" if r.files else "no file written"
+    return f"{md(r.runner)}, {md(r.files[0]['path'], code=True)}" if r.files else "no file written"
 
 
 def _fail_under(regated: dict | None) -> list[str]:
@@ -89,7 +117,7 @@ def _fail_under(regated: dict | None) -> list[str]:
     if not below:
         return ["", f"`--fail-under {floor:g}`: every accepted build is at or above {floor:g} dB."]
     return ["", f"**`--fail-under {floor:g}` failed**: accepted builds below {floor:g} dB: "
-                + ", ".join(f"`{k}`" for k in below)]
+                + ", ".join(md(k, code=True) for k in below)]
 
 
 def _end_to_end(m: dict) -> list[str]:
@@ -104,12 +132,14 @@ def _end_to_end(m: dict) -> list[str]:
     pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"       # noqa: E731
     for r in rows:
         if r.get("verdict") == "skipped":
-            lines.append(f"| {r.get('precision')} | {r.get('runner')} | — | — | — | skipped: {r.get('reason', '')} |")
+            lines.append(f"| {md(r.get('precision'))} | {md(r.get('runner'))} | — | — | — | "
+                         f"skipped: {md(r.get('reason', ''))} |")
             continue
         flips = f" ({r['near_tie_flips']}/{r['flips']} flips near-tie)" if "flips" in r else ""
-        lines.append(f"| {r.get('precision', '—')} | {r.get('runner', '—')} | {pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
+        lines.append(f"| {md(r.get('precision', '—'))} | {md(r.get('runner', '—'))} | "
+                     f"{pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
                      f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "
-                     f"{VERDICT.get(r.get('verdict'), r.get('verdict') or '—')} |")
+                     f"{VERDICT.get(r.get('verdict')) or md(r.get('verdict') or '—')} |")
     return lines
 
 
@@ -117,8 +147,8 @@ def _weakest(m: dict) -> list[str]:
     found = weakest_blocks(m)
     if not found:
         return []
-    items = [f"{w['component']} {w['precision']} `{w['block']}` "
-             + (f"{fmt_db(w['snr_db'])} dB" if w["snr_db"] is not None else f"failed ({w['note'][:60]})")
+    items = [f"{md(w['component'])} {md(w['precision'])} {md(w['block'], code=True)} "
+             + (f"{fmt_db(w['snr_db'])} dB" if w["snr_db"] is not None else f"failed ({md(w['note'][:60])})")
              for w in found]
     return ["", "Weakest block, each lowered alone and fed fp32 activations: " + " · ".join(items)]
 
@@ -134,17 +164,17 @@ def diff_summary(result: dict, a: str, b: str) -> str:
     tol = result["tolerance_db"]
     head = (f"## ❌ omni-export diff: {n} regression{'s' if n != 1 else ''} (tolerance {tol:g} dB)" if n
             else f"## ✅ omni-export diff: no regression (tolerance {tol:g} dB)")
-    lines = [head, "", f"A: `{a}` · B: `{b}`"]
+    lines = [head, "", f"A: {md(a, code=True)} · B: {md(b, code=True)}"]
     changes = result["provenance"]
     if changes:
-        lines += ["", "Also differs: " + "; ".join(f"{c['field']} {_short(c['a'])} → {_short(c['b'])}"
+        lines += ["", "Also differs: " + "; ".join(f"{md(c['field'])} {md(_short(c['a']))} → {md(_short(c['b']))}"
                                                     for c in changes)]
     lines += ["", "| build | output | A SNR dB | B SNR dB | Δ dB | A → B | |", "|---|---|---:|---:|---:|---|---|"]
     for r in result["rows"]:
         delta = "—" if r["delta_db"] is None else f"{r['delta_db']:+.1f}"
         flag = ("⚠️ " if r["regression"] else "") + r["flag"]
-        lines.append(f"| {r['key']} | {r['output'] or '—'} | {fmt_db(r['a_db'])} | {fmt_db(r['b_db'])} | {delta} | "
-                     f"{ICON[r['a_verdict']]} → {ICON[r['b_verdict']]} | {flag} |")
+        lines.append(f"| {md(r['key'])} | {md(r['output'] or '—')} | {fmt_db(r['a_db'])} | {fmt_db(r['b_db'])} | "
+                     f"{delta} | {ICON[r['a_verdict']]} → {ICON[r['b_verdict']]} | {flag} |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,4 +189,4 @@ def _skipped_groups(skipped: list[dict]) -> list[str]:
     groups: dict = {}
     for s in skipped:
         groups.setdefault((s["component"], s["format"], s["reason"]), []).append(s["precision"])
-    return [f"{c} {f} {', '.join(p)} ({reason})" for (c, f, reason), p in groups.items()]
+    return [f"{md(c)} {md(f)} {', '.join(map(md, p))} ({md(reason)})" for (c, f, reason), p in groups.items()]
