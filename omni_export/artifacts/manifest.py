@@ -228,13 +228,13 @@ def _what(error) -> str:
     return " ".join(text.split())                    # one line, whatever the schema's words
 
 
-def _short(x) -> str:
+def _short(x, width: int = 60) -> str:
     if isinstance(x, dict):
         return "an object" if x else "{}"
     if isinstance(x, list):
         return f"an array of {len(x)}" if x else "[]"
     text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def json_path(path) -> str:
@@ -266,7 +266,7 @@ def check_paths(m: dict, file: str | Path, out: str | Path) -> None:
         why = path_outside(Path(out), rec.get("path"))
         if why:
             at = where.get(id(rec), "")
-            raise UsageError(f"{file}: {at + '.path' if at else 'path'} {_short(rec.get('path'))} {why}; "
+            raise UsageError(f"{file}: {at + '.path' if at else 'path'} {_short(rec.get('path'), 240)} {why}; "
                              f"a manifest lists files inside its output directory {Path(out)}")
 
 

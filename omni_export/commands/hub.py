@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import click
 
-from .reports import CTX, EXIT_USAGE, append_summary, debug_option, summary_option
+from .reports import CTX, EXIT_USAGE, append_summary, debug_option, one_line, summary_option
 
 QUANTIZE_ON = click.Choice(["local", "hub"])
 
@@ -53,7 +53,7 @@ def _errors(debug: bool):
             if debug:
                 click.echo(redact(traceback.format_exc()), err=True)
             message = f"manifest.json lacks the field {e}" if isinstance(e, KeyError) else str(e)
-            click.echo(f"omni-export: error: {redact(message)}", err=True)
+            click.echo(f"omni-export: error: {one_line(redact(message))}", err=True)
             sys.exit(EXIT_USAGE)
     return guard
 
@@ -222,18 +222,15 @@ def _usage(text: str):
 
 
 def _read_manifest(root):
-    """The manifest of OUT as it is now (also while a `hub submit` runs: it is rewritten atomically)."""
-    from ..artifacts.store import MARKER, is_ours
+    """The manifest of OUT as it is now (also while a `hub submit` runs: it is rewritten atomically),
+    checked by artifacts.manifest.read_manifest."""
+    from ..artifacts.manifest import read_manifest
+    from ..artifacts.store import MARKER
 
     path = root / "manifest.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise _usage(f"{root}: no manifest.json; not a build directory")
-    try:
-        m = json.loads(path.read_text())
-    except ValueError as e:
-        raise _usage(f"{path} is not valid JSON ({e})") from None
-    if not is_ours(m):
-        raise _usage(f"{path} is not an omni-export manifest")
+    m = read_manifest(root)
     if (root / MARKER).exists() and _marker(root).get("mode") != "hub":
         raise _usage(f"{root} holds an unfinished build (.incomplete); rerun the build")
     return m

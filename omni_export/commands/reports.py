@@ -50,8 +50,14 @@ def one_line_errors(debug: bool):
 
             traceback.print_exc()
         message = f"manifest.json lacks the field {e}" if isinstance(e, KeyError) else str(e)
-        click.echo(f"omni-export: error: {message}", err=True)
+        click.echo(f"omni-export: error: {one_line(message)}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def one_line(text) -> str:
+    """A message as one line of printable text: the strings of a manifest it quotes can hold line
+    breaks and terminal escapes."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
 
 
 def load_manifest(path: str | Path) -> tuple[Path, dict]:

@@ -54,7 +54,8 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
 
     `previous` is the manifest OUT held before a rebuild: the AI Hub jobs of builds whose uploaded
     ONNX is byte-identical are adopted (waited on, their results downloaded again), not resubmitted."""
-    from ..artifacts.store import Store
+    from ..artifacts.manifest import read_manifest
+    from ..artifacts.store import MANIFEST, Store
     from ..recipes import get_recipe
     from ..targets import get_target
 
@@ -62,6 +63,8 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
     store = Store(Path(out))
     if hub is None or hub.client is None:
         hub = (hub or Hub()).connect()          # the token is checked before OUT is touched
+    if (store.root / MANIFEST).exists():
+        read_manifest(store.root)               # damaged, or listing a file outside OUT: refused untouched
     m = store.amend("hub")
     start = _content(m)
     try:
