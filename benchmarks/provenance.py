@@ -13,16 +13,6 @@ ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENB
             "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY", "PYTHONHASHSEED")
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
 def _mem_total_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -68,7 +58,7 @@ def collect(argv: list[str], options: dict) -> dict:
         "git_sha": mf.git_sha(),
         "source_root": str(ROOT),
         "toolchain": mf.toolchain(),
-        "host": {**mf.host(), "cpu_model": _cpu_model(), "mem_total_bytes": _mem_total_bytes(),
+        "host": {**mf.host(), "mem_total_bytes": _mem_total_bytes(),
                  "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
                  "last_level_cache_bytes": last_level_cache_bytes(),
                  "kernel": platform.release()},

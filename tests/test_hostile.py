@@ -279,3 +279,17 @@ def test_integer_or_boolean_weights_are_refused_not_cast(dtype, data, tmp_path):
     with pytest.raises(UsageError, match=rf"tensor 'w' is stored as {dtype}; weights are read as floating point "
                                          r"\(F32, F16, BF16, F64\) and never cast"):
         load_tensors(f, {"w": TensorDecl((2,))})
+
+
+def test_the_manifest_records_how_the_host_accumulates_fp16():
+    """A fp16 .pte's score depends on the scoring CPU (XNNPACK: fp16 accumulation with AVX512-FP16
+    and on phones, fp32 on other x86): every manifest keeps the CPU's model, flags and that mode."""
+    from omni_export.artifacts.manifest import host
+    from omni_export.cpu import xnnpack_fp16_accumulation
+
+    h = host()
+    assert {"cpu_model", "cpu_flags", "xnnpack_fp16_accumulation"} <= h.keys()
+    assert h["xnnpack_fp16_accumulation"] == xnnpack_fp16_accumulation(set(h["cpu_flags"]), h["machine"])
+    assert xnnpack_fp16_accumulation({"avx2", "avx512f", "avx512_fp16"}, "x86_64") == "fp16"
+    assert xnnpack_fp16_accumulation({"avx2", "f16c"}, "x86_64") == "fp32"
+    assert xnnpack_fp16_accumulation({"asimd", "asimdhp"}, "aarch64") == "fp16"

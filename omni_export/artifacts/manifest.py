@@ -52,9 +52,13 @@ def toolchain() -> dict:
 
 
 def host() -> dict:
+    """The building host; its CPU's model and flags decide some scores (cpu.py: XNNPACK's fp16
+    accumulation), so they are kept with every build."""
+    from ..cpu import cpu_facts
+
     return {"hostname": socket.gethostname(), "platform": platform.platform(),
             "machine": platform.machine(), "cpus": os.cpu_count(),
-            "torch_threads": _torch_threads()}
+            "torch_threads": _torch_threads(), **cpu_facts()}
 
 
 def _torch_threads() -> int | None:
