@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import UsageError
+from .manifest import path_outside
 from .store import DOCUMENTS, LOCK, MARKER, REPORT_FILES, STAGING, is_ours, listed_files, sha256_file
 
 
@@ -55,18 +56,19 @@ def load_manifest(out: Path) -> tuple[dict | None, list[Finding]]:
 
 def check_files(out: Path, manifest: dict) -> list[Finding]:
     """Re-hash every listed file; name missing, changed, outside and unlisted ones."""
-    root = out.resolve()
     findings, listed = [], set()
     for rec in listed_files(manifest):
         rel = rec.get("path")
         if not isinstance(rel, str):
             findings.append(Finding("manifest", "manifest.json", f"a file record has no path: {rec}"))
             continue
-        p = out / rel
-        parent = p.parent.resolve()
-        if os.path.isabs(rel) or (parent != root and root not in parent.parents):
-            findings.append(Finding("outside", rel, "the manifest lists a path outside the output directory"))
+        why = path_outside(out, rel)
+        if why is not None:
+            findings.append(Finding("outside", rel, "the manifest lists a path outside the output directory"
+                                    if why.startswith("leaves") else f"the manifest lists a path outside the output "
+                                                                     f"directory: it {why}"))
             continue
+        p = out / rel
         listed.add(Path(rel).as_posix())
         findings += _check_one(p, rel, rec)
     findings += _check_documents(out, manifest)

@@ -10,6 +10,7 @@ from ..hub.records import build_state, key
 from ..hub.rtf import lines as rtf_lines
 from ..parity.regate import gated_outputs
 from ..parity.scores import as_json_db, min_snr_db
+from .markdown import md
 from .view import fmt_db
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected", None: "—"}
@@ -59,21 +60,22 @@ def markdown(m: dict) -> list[str]:
     if not h or not rows:
         return []
     dev, q = h.get("device") or {}, h.get("qairt_version") or {}
-    lines = ["", f"### On device: {dev.get('name', '?')} via {h['client']}", "",
-             f"QAIRT {q.get('pinned')} pinned ({q.get('why')}); device outputs on the held-out inputs, scored "
+    lines = ["", f"### On device: {md(dev.get('name', '?'))} via {md(h['client'])}", "",
+             f"QAIRT {md(q.get('pinned'))} pinned ({md(q.get('why'))}); device outputs on the held-out inputs, scored "
              f"with the local gate.", "",
              "| build | local runner | local SNR dB | device SNR dB | gate dB | device verdict | ms/inference "
              "| peak MB | ops NPU·GPU·CPU |",
              "|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
-        verdict = VERDICT.get(r["device_verdict"], r["state"]) if r["device_verdict"] else r["state"]
-        lines.append(f"| {r['key']} | {r['local_runner']} | {fmt_db(r['local_min_snr_db'])} | "
+        verdict = VERDICT.get(r["device_verdict"], md(r["state"])) if r["device_verdict"] else md(r["state"])
+        lines.append(f"| {md(r['key'])} | {md(r['local_runner'])} | {fmt_db(r['local_min_snr_db'])} | "
                      f"{fmt_db(r['device_min_snr_db'])} | {fmt_db(r['threshold_db'])} | {verdict} | "
-                     f"{_num(r['inference_ms'], 2)} | {_num(r['peak_memory_mb'], 1)} | {split(r['compute_units'])} |")
+                     f"{_num(r['inference_ms'], 2)} | {_num(r['peak_memory_mb'], 1)} | {md(split(r['compute_units']))} |")
     bad = [r for r in rows if r["device_verdict"] != "accepted"]
     if bad:
-        lines += [""] + [f"- `{r['key']}` on the device: {r['device_reason']}" for r in bad]
-    jobs = [f"{r['key']} {j['kind']} [{j['id']}]({j['url']})" for r in rows for j in r["jobs"] if j.get("url")]
+        lines += [""] + [f"- {md(r['key'], code=True)} on the device: {md(r['device_reason'])}" for r in bad]
+    jobs = [f"{md(r['key'])} {md(j['kind'])} [{md(j['id'])}](<{_url(j['url'])}>)" for r in rows for j in r["jobs"]
+            if j.get("url")]
     if jobs:
         lines += ["", "Jobs: " + " · ".join(jobs)]
     links = (h.get("summary") or {}).get("links") or {}
@@ -84,14 +86,20 @@ def markdown(m: dict) -> list[str]:
                   "|---|---|---|---:|---|---:|---:|"]
         for key, link in links.items():
             for g, r in link["graphs"].items():
-                lines.append(f"| {key} | {link['state']} | {g} | {fmt_db(r['min_snr_db'])} | "
+                lines.append(f"| {md(key)} | {md(link['state'])} | {md(g)} | {fmt_db(r['min_snr_db'])} | "
                              f"{VERDICT.get(r['verdict'], '—') if r['verdict'] else '—'} | "
                              f"{_num(r['inference_ms'], 2)} | {_num(r['peak_memory_mb'], 1)} |")
             if link.get("failure"):
-                lines.append(f"| {key} | failed: {link['failure']} | | | | | |")
+                lines.append(f"| {md(key)} | failed: {md(link['failure'])} | | | | | |")
     if h.get("rtf"):
-        lines += ["", f"Real time ({h['rtf']['doc']}):", ""] + [f"- {x}" for x in rtf_lines(h["rtf"])]
+        lines += ["", f"Real time ({md(h['rtf']['doc'])}):", ""] + [f"- {md(x)}" for x in rtf_lines(h["rtf"])]
     return lines
+
+
+def _url(url) -> str:
+    """A job link as a markdown link destination: an https URL with nothing that closes it."""
+    text = str(url)
+    return text if text.startswith("https://") and not any(c in text for c in "<> \n\r\t`") else "#"
 
 
 def _num(x, digits: int) -> str:
