@@ -63,7 +63,7 @@ def test_verify_finds_the_demo_build_clean(demo_run):
     _, out = demo_run
     proc = run_cli("verify", str(out))
     assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.strip().endswith("listed files checked; clean")
+    assert proc.stdout.strip().endswith("listed files and 3 reports checked; clean")
 
 
 def test_demo_is_labelled_everywhere(demo_run):

@@ -10,7 +10,6 @@ from ..hub.records import build_state, key
 from ..hub.rtf import lines as rtf_lines
 from ..parity.regate import gated_outputs
 from ..parity.scores import as_json_db, min_snr_db
-from .markdown import md
 from .view import fmt_db
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected", None: "—"}
@@ -55,6 +54,8 @@ def _waiting(rec: dict) -> str:
 
 def markdown(m: dict) -> list[str]:
     """The AI Hub section of report.md (empty when nothing was submitted)."""
+    from .markdown import md        # markdown.py imports this module
+
     h = m.get("hub")
     rows = device_rows(m)
     if not h or not rows:
