@@ -221,7 +221,7 @@ def test_sigterm_says_what_it_kept_and_the_rerun_resumes_from_it(tmp_path, tiny_
 
     out = tmp_path / "out"
     args = ["qwen3-tts", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--components",
-            "text_projection,code2wav", "--formats", "onnx", "--precision", "fp16,w8a16", "--no-attribution",
+            "text_projection,code2wav", "--formats", "onnx", "--precision", "fp16", "--no-attribution",
             "--jobs", "1", "-q", *GEOMETRY]
     proc = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
