@@ -1,4 +1,8 @@
-"""Crash points for the kill tests: `OMNI_EXPORT_CRASH_AT=<point>[@n]` ends the process with
+"""Fault injection for the tests. `OMNI_EXPORT_NAN_OUTPUTS=<text>`: every runner whose artifact
+path contains <text> returns NaN in its floating outputs (a build broken at run time, e.g. an
+fp16 overflow), for the tests of what a rejected NaN build leaves in OUT.
+
+Crash points for the kill tests: `OMNI_EXPORT_CRASH_AT=<point>[@n]` ends the process with
 os._exit(137) -- no cleanup, no atexit, like a SIGKILL -- the n-th time (default: first) a run
 reaches <point>. Unset (the normal case) it does nothing. Points, in run order:
 
@@ -21,6 +25,7 @@ import signal
 import threading
 
 ENV = "OMNI_EXPORT_CRASH_AT"
+NAN_ENV = "OMNI_EXPORT_NAN_OUTPUTS"
 POINTS = ("begin", "loaded", "traced", "lowered", "commit-before-rename", "commit-after-rename", "component-done",
           "pruned", "documents", "manifest")
 _reached: dict[str, int] = {}
@@ -36,6 +41,12 @@ def crash_point(name: str) -> None:
     _reached[name] = _reached.get(name, 0) + 1
     if _reached[name] == int(nth or 1):
         os._exit(137)
+
+
+def poisoned(artifact: str) -> bool:
+    """Whether a runner of this artifact returns NaN outputs (OMNI_EXPORT_NAN_OUTPUTS; unset: never)."""
+    spec = os.environ.get(NAN_ENV)
+    return bool(spec) and spec in str(artifact)
 
 
 # ----------------------------------------------------------------------------- Ctrl-C / SIGTERM latch

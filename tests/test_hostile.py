@@ -244,10 +244,15 @@ def test_sigterm_says_what_it_kept_and_the_rerun_resumes_from_it(tmp_path, tiny_
     assert err.strip().splitlines()[-1] == (
         f"omni-export: error: interrupted by SIGTERM; {out} is marked incomplete (.incomplete); the next run "
         f"keeps the finished {', '.join(kept)} and rebuilds the rest")
-    again = run_cli(*args, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    m = json.loads((out / "manifest.json").read_text())
+    # the rerun: the graph it still builds breaks at run time (NaN outputs, as an fp16 overflow would)
+    poisoned = "code2wav" if "code2wav" not in kept else "text_projection"
+    again = run_cli(*args, timeout=300, env={"OMNI_EXPORT_NAN_OUTPUTS": poisoned})
+    assert again.returncode == 3, again.stderr[-2000:]               # a component without an accepted build
+    m = _strict((out / "manifest.json").read_text())                 # strict JSON with a NaN build in it
+    _strict((out / "parity.json").read_text())
     assert set(kept) <= set(m["cache"]["reused_components"]) < {"text_projection", "code2wav"}
+    nan = [b for b in m["builds"] if b["component"] == poisoned]
+    assert nan and all(b["status"] == "rejected" and "NaN/Inf" in b["parity"]["reason"] for b in nan)
     assert run_cli("verify", str(out)).returncode == 0
 
 
