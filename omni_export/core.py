@@ -131,6 +131,9 @@ class Component:
     # {format value: why}: formats built only when named in --formats (the default plan skips them
     # and records the reason), for graphs whose lowering in that format costs far more than it is worth.
     opt_in_formats: Mapping[str, str] = field(default_factory=dict)
+    # {setting: what the graph does not do}: what a host loop must not ask of this graph (written to
+    # the manifest's component record as "limits"; e.g. a sampling key a fused graph cannot follow).
+    limits: Mapping[str, str] = field(default_factory=dict)
     # {precision: fraction}: 16-bit activation range headroom for this graph's QDQ builds, overriding
     # the exporter's default (exporters/onnx.py HEADROOM). Headroom absorbs held-out activations outside
     # the calibrated ranges but widens every quantization step; which wins depends on the graph.

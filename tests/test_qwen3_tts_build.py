@@ -40,6 +40,8 @@ def test_fused_frame_codes_are_scored_by_tie_aware_agreement(build):
     assert ("agrees" in ctx["parity"]["reason"]) or ctx["status"] == "accepted"
     onnx = builds_by(read_manifest(out))[("predictor_frame", "onnx", "fp16")]
     assert next(o for o in onnx["parity"]["outputs"] if o["name"] == "codes")["agreement"] >= 0.99
+    # what the fused graph cannot sample is said in the manifest (synth then runs the step graphs)
+    assert set(read_manifest(out)["components"]["predictor_frame"]["limits"]) == {"subtalker_top_k", "subtalker_top_p"}
 
 
 def test_end_to_end_parity_is_recorded_and_gated(build):

@@ -439,6 +439,7 @@ class ComponentJobs:
             **({"fp32_on_cpu": c.fp32_on_cpu} if c.fp32_on_cpu else {}),
             "agreement_min": c.agreement_min,
             "tie_margins": dict(c.tie_margins),
+            **({"limits": dict(c.limits)} if c.limits else {}),
             "parity_inputs": info.get("parity_inputs"),
             **kept,
             "rewrites": rewrites,

@@ -90,6 +90,9 @@ COMPONENTS = (
         # equally likely, code), so agreement counts frames up to a decided flip; see metrics.py.
         gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.99, tie_margins={"codes": "margins"},
         requires=("predictor",),
+        # synth checks these (host.frame_cannot_honour) and runs the step graphs instead
+        limits={"subtalker_top_k": "traced with top-k 50 (host.FRAME_TOP_K); another top-k needs the step graphs",
+                "subtalker_top_p": "no top-p inside the graph; subtalker_top_p < 1 needs the step graphs"},
         # The .pte is traced from an equivalent form (talker._XnnpackFrame: selection in slices,
         # maximum, clamp and linear) that XNNPACK takes whole, so the program is one partition with
         # one copy of the weights; ExecuTorch's Python passes over its ~7500 nodes still take ~6 min
