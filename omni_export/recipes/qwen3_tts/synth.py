@@ -128,6 +128,12 @@ def options() -> list:
         o(["--text", "-t"], default=None, help="text to speak (tokenised with the checkpoint's tokenizer)"),
         o(["--text-ids"], default=None,
           help="ids of the templated assistant text, exactly what upstream's generate receives (no tokenizer needed)"),
+        o(["--text-split"], type=click.Choice(["auto", "qwen2", "mistral"]), default="auto", show_default=True,
+          help="how --text / --instruct are cut before BPE: auto as upstream (qwen-tts 0.1.1 loads the tokenizer "
+               "with transformers 4.57.3's fix_mistral_regex: the Mistral-style split when the base vocabulary "
+               "exceeds 100000 and config.json's transformers_version is missing or above 4.57.2 and below 5.0; "
+               "docs/upstream.md has the whole rule), qwen2 (the checkpoint's own split) or mistral; the --json "
+               "summary shows it and the text_ids fed"),
         o(["--speaker", "-s"], default=None, help="CustomVoice speaker (e.g. ryan, vivian); default: the first"),
         o(["--language", "-l"], default="auto", show_default=True, help="language or auto"),
         o(["--instruct"], default=None, help="voice / style instruction (VoiceDesign; CustomVoice 1.7B)"),
@@ -188,7 +194,7 @@ def _run(model, build, kw, name: str) -> dict:
 
     # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
     codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
-    req, voice = (None, None) if codes is not None else _request(model, kw, build, name)
+    req, voice, split = (None, None, None) if codes is not None else _request(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
         else EagerGraphs(model)
     chosen, notes = kw.get("predictor"), []
@@ -221,6 +227,9 @@ def _run(model, build, kw, name: str) -> dict:
             "stopped": gen.stopped if gen else "decoded given codes", "graphs": where,
             "checkpoint": str(model.path), "label": model.info["label"],
             **({"predictor": kw.get("predictor") or "frame"} if gen else {}),
+            **({"text_ids": [int(i) for i in req.text_ids]} if req else {}),
+            **({"instruct_ids": [int(i) for i in req.instruct_ids]} if req and req.instruct_ids else {}),
+            **({"text_split": split[0], "text_split_reason": split[1]} if split else {}),
             "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {})}
 
 
@@ -251,9 +260,10 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
 
 def _request(model, kw, build, name: str):
     """The request, every id checked against the text vocabulary and its prompt against the talker's
-    context, before any graph runs; and the reference voice's samples (Base checkpoints), or None."""
+    context, before any graph runs; the reference voice's samples (Base checkpoints), or None; and
+    the tokenizer's split and why (--text / --instruct), or None."""
     from ...core import UsageError
-    from ...text_tokenizer import MissingTokenizer
+    from ...text_tokenizer import MissingTokenizer, load as load_tokenizer
     from .prompt import Request, instruct_ids
 
     cfg = model.cfg
@@ -263,7 +273,14 @@ def _request(model, kw, build, name: str):
     ins = _ids(kw.get("instruct_ids"), ins_option)
     if ids is None and not kw.get("text"):
         raise UsageError("give --text, --text-ids or --codes")
+    tokenize = ids is None or (ins is None and kw.get("instruct"))
+    if not tokenize and (kw.get("text_split") or "auto") != "auto":
+        raise UsageError("--text-split applies to --text and --instruct; --text-ids and --instruct-ids are fed as given")
+    split = None
     try:
+        if tokenize:     # upstream's split rule (or the one asked for), for --text and --instruct alike
+            model.tokenizer = load_tokenizer(model.path, kw.get("text_split") or "auto")
+            split = (model.tokenizer.split, model.tokenizer.split_reason)
         if ids is None:
             text_option = "--text"
             ids = model.template(kw["text"])
@@ -292,7 +309,7 @@ def _request(model, kw, build, name: str):
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
     _check_context(model, req, text_option, ins_option if ins else None, build)
-    return req, voice
+    return req, voice, split
 
 
 def _check_context(model, req, text_option: str, ins_option: str | None, build) -> None:
