@@ -221,9 +221,10 @@ class Qwen3TTS:
 
     @cached_property
     def tokenizer(self):
+        """The text tokenizer, split as upstream qwen-tts loads it (calibration prompts, e2e rows)."""
         from ...text_tokenizer import load as load_tokenizer
 
-        return load_tokenizer(self.path)
+        return load_tokenizer(self.path, "auto")
 
     def synthesize(self, graphs, req, opts: host.GenOptions, with_audio: bool = True):
         """Text to codes (and waveform) through `graphs`: eager, or a build's artifacts."""

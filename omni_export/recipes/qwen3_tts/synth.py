@@ -288,7 +288,7 @@ def _request(model, kw, build, name: str):
             ins_option = "--instruct"
             ins = instruct_ids(model.tokenizer, kw["instruct"])
     except MissingTokenizer as e:      # its hint fits a build; synth has a way around the tokenizer
-        way = "--text-ids instead of --text" if text_option == "--text" else "--instruct-ids instead of --instruct"
+        way = "--text-ids instead of --text" if ids is None else "--instruct-ids instead of --instruct"
         raise UsageError(f"{e}, or pass {way}") from None
     for given, option in ((ids, text_option), (ins or [], ins_option)):
         check_ids(given, vocab, option, name, tokenized=option in ("--text", "--instruct"))
