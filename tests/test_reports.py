@@ -287,3 +287,28 @@ def test_an_unchanged_report_is_drawn_from_the_figure_cache(tmp_path, monkeypatc
     assert n_changed == 1 and changed != first
     monkeypatch.setenv("OMNI_EXPORT_FIGURE_CACHE", "off")
     assert figures._memo_dir() is None and html()[1] == n_first
+
+
+# ------------------------------------------------------------------------------------------ caveats
+
+def test_caveats_say_what_an_accepted_verdict_was_not_checked_against(tmp_path):
+    """An fp16 .pte scored where XNNPACK sums in fp32, a component of an HTP target scored on CPU
+    runtimes only, and the end-to-end gate's meaning: said beside the verdicts, in both reports."""
+    m = manifest([build("onnx", "fp16", 60.0, 40.0), build("pte", "fp16", 55.0, 40.0)])
+    m["host"]["xnnpack_fp16_accumulation"] = "fp32"
+    m["end_to_end"] = _with_hub(demo_like())["end_to_end"]
+    text = summary(m)
+    pte = "1 accepted fp16 .pte build(s) were scored on a CPU whose XNNPACK sums fp16 products in fp32"
+    htp = "Nothing of code2wav ran on the HTP (simulator or device)"
+    gate = "The end-to-end gate is teacher-forced agreement"
+    assert pte in text and htp in text and gate in text
+    write_run(tmp_path / "out", m)
+    write_reports(tmp_path / "out", m)
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert pte in page and htp in page and gate in page
+
+    m["host"]["xnnpack_fp16_accumulation"] = "fp16"            # a host that sums as phones do
+    m["builds"].append(build("ctx", "fp16", 50.0, 40.0))          # and a build the HTP simulator ran
+    m["end_to_end"] = []
+    text = summary(m)
+    assert pte not in text and htp not in text and gate not in text and "⚠️" not in text

@@ -13,8 +13,8 @@ from ..hub.profile import split
 from ..hub.rtf import lines as rtf_lines
 from . import audio, figures
 from .hub import device_rows
-from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
-                   weakest_blocks)
+from .view import (E2E_GATE_NOTE, BuildRow, build_rows, caveats, components_without_accepted, fmt_db,
+                   human_bytes, short_sha, weakest_blocks)
 
 
 def render(root: Path, m: dict, regated: dict | None = None) -> str:
@@ -28,7 +28,7 @@ def render(root: Path, m: dict, regated: dict | None = None) -> str:
         weakest=weakest_blocks(m),
         hub=m.get("hub"), hub_rows=device_rows(m),
         rtf_lines=rtf_lines(m["hub"]["rtf"]) if (m.get("hub") or {}).get("rtf") else [],
-        end_to_end=m.get("end_to_end"),
+        end_to_end=m.get("end_to_end"), caveats=caveats(m, rows), e2e_gate_note=E2E_GATE_NOTE,
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
     )
 

@@ -13,8 +13,8 @@ import re
 import unicodedata
 
 from . import hub
-from .view import (BuildRow, build_rows, components_without_accepted, fmt_db, human_bytes, short_sha,
-                   weakest_blocks)
+from .view import (E2E_GATE_NOTE, BuildRow, build_rows, caveats, components_without_accepted, fmt_db,
+                   human_bytes, short_sha, weakest_blocks)
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected"}
 
@@ -47,6 +47,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += ["", "| component | format | precision | runner | SNR dB | PSNR dB | gate dB | verdict | size |",
               "|---|---|---|---|---:|---:|---:|---|---:|"]
     lines += [_table_row(r) for r in rows]
+    lines += [f"\n> ⚠️ {md(c)}" for c in caveats(m, rows)]
     lines += _rejected(rows, regated)
     lines += _fail_under(regated)
     lines += _weakest(m)
@@ -140,6 +141,8 @@ def _end_to_end(m: dict) -> list[str]:
                      f"{pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
                      f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "
                      f"{VERDICT.get(r.get('verdict')) or md(r.get('verdict') or '—')} |")
+    if any(r.get("verdict") != "skipped" and "code_agreement" in r for r in rows):
+        lines += ["", E2E_GATE_NOTE]
     return lines
 
 

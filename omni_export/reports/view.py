@@ -32,6 +32,7 @@ class BuildRow:
     samples: tuple = ()
     hub: dict | None = None
     scored: str = ""          # "2 of 12 samples" when the runner scored a subset of the held-out samples
+    runner_kind: str = ""     # the runner's kind: ort-cpu, qnn-htp, executorch, device
 
     @property
     def accepted(self) -> bool:
@@ -77,7 +78,8 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
         reason=(again or {}).get("reason") or _device_reason(b) or p.get("reason") or b.get("error") or "",
         built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
         bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
-        samples=tuple(b.get("samples", [])), hub=b.get("hub"), scored=_scored(m, b))
+        samples=tuple(b.get("samples", [])), hub=b.get("hub"), scored=_scored(m, b),
+        runner_kind=runner.get("kind", ""))
 
 
 def _scored(m: dict, b: dict) -> str:
@@ -143,3 +145,34 @@ def short_sha(sha: str | None) -> str:
         return "unknown"
     base, dirty = sha.removesuffix("-dirty"), sha.endswith("-dirty")
     return base[:10] + ("-dirty" if dirty else "")
+
+
+# What a verdict does not cover, said next to it (issue 37: a report that never misleads).
+E2E_GATE_NOTE = ("The end-to-end gate is teacher-forced agreement: every step is fed the fp32 model's previous "
+                 "codes, so one differing code is counted once. Free-running codes (and the waveform made from "
+                 "them) follow their own history after the first difference, so their lower agreement is "
+                 "expected and is shown, not gated.")
+
+
+def caveats(m: dict, rows: list[BuildRow]) -> list[str]:
+    """Plain sentences on what the verdicts above were not checked against."""
+    out = []
+    acc = (m.get("host") or {}).get("xnnpack_fp16_accumulation")
+    pte16 = [r for r in rows if r.format == "pte" and r.precision == "fp16" and r.accepted]
+    if pte16 and acc != "fp16":
+        how = "in fp32" if acc == "fp32" else "in a way omni-export could not tell"
+        out.append(f"{len(pte16)} accepted fp16 .pte build(s) were scored on a CPU whose XNNPACK sums fp16 "
+                   f"products {how}; phones sum them in fp16, which loses more on long reductions "
+                   f"(docs/jobs.md). Confirm them on a device (--hub) or on a CPU with AVX512-FP16.")
+    target = m.get("target") or {}
+    if target.get("htp_arch"):
+        placement = target.get("placement") or {}
+        unchecked = [c for c in m.get("components", {})
+                     if placement.get(c, "htp") == "htp"
+                     and not any(r.component == c and (r.runner_kind == "qnn-htp" or r.hub) for r in rows)
+                     and any(r.component == c for r in rows)]
+        if unchecked:
+            out.append(f"Nothing of {', '.join(unchecked)} ran on the HTP (simulator or device): "
+                       f"{'its' if len(unchecked) == 1 else 'their'} verdicts come from CPU runtimes only. "
+                       f"Add dlc or ctx to --formats to score on the HTP simulator.")
+    return out
