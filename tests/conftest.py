@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
+
+# One math thread per xdist worker (there is one worker per core): two workers with two spinning
+# OpenMP threads each on two cores made small-op work ~5x slower (tests/test_sampling.py beside a
+# 2-thread load: 133 s with torch's default, 26 s with 1 thread). Set before torch is imported here,
+# and inherited by the CLIs and servers the tests start; job workers set their own (jobs/local.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 # Fast streaming geometry for pipeline tests: the HTP simulator's cost grows with samples.
 GEOMETRY = ["--left-context", "2", "--chunk-frames", "2"]
