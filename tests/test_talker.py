@@ -78,13 +78,14 @@ def test_text_ids_come_from_our_tokenizer_like_upstreams(tmp_path):
 
 
 def test_speaker_encoder_and_log_mel_match_upstream(tmp_path):
-    from omni_export.recipes.qwen3_tts.speaker import log_mel
+    """Upstream's 281-frame mel in the graph's 938-frame window; other lengths: test_speaker_lengths.py."""
+    from omni_export.recipes.qwen3_tts.speaker import log_mel, window
 
     model, _, g = _load(tmp_path, "talker_base_tiny17")
     wav = M.reference_voice(int(g["ref_wav_seed"]))
     ours = log_mel(wav)
     assert np.abs(ours - g["mel"]).max() < 1e-4
-    emb = EagerGraphs(model)("speaker_encoder", {"mel": g["mel"][None].astype(np.float32)})["embedding"]
+    emb = EagerGraphs(model)("speaker_encoder", window(g["mel"], model.speaker_frames))["embedding"]
     assert snr(g["spk_embedding"], emb.reshape(-1)) > 100
 
 

@@ -126,9 +126,7 @@ def _teacher_forced(model, graphs, req, codes):
     from .prompt import build
 
     if model.cfg.tts_model_type == "base":
-        from .model import reference_voice
-
-        req.speaker_embedding = model.speaker_embedding(graphs, reference_voice(0))
+        req.speaker_embedding = model.speaker_embedding(graphs, model.default_voice())
     pr = build(model.cfg, req, lambda ids: model.text_proj(graphs, ids), model.tables.codec_emb)
     return host.teacher_forced(graphs, model.cfg, model.tables, pr, codes, model.gen_options(greedy=True))
 

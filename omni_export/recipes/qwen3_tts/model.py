@@ -176,7 +176,7 @@ class Qwen3TTS:
         if component == "speaker_encoder":
             from .speaker import SpeakerEncoder
 
-            return SpeakerEncoder(self.cfg.speaker_encoder, self.tensors)
+            return SpeakerEncoder(self.cfg.speaker_encoder, self.tensors, self.speaker_frames)
         raise UsageError(f"component {component} is not built by this loader")  # pragma: no cover
 
     def samples(self, component: str, kind: str) -> Samples:
@@ -231,7 +231,7 @@ class Qwen3TTS:
         from .prompt import build
 
         if self.cfg.tts_model_type == "base" and req.speaker_embedding is None:
-            req.speaker_embedding = self.speaker_embedding(graphs, reference_voice(0))
+            req.speaker_embedding = self.speaker_embedding(graphs, self.default_voice())
         pr = build(self.cfg, req, lambda ids: self.text_proj(graphs, ids), self.tables.codec_emb)
         gen = host.generate(graphs, self.cfg, self.tables, pr, opts)
         wav = self.decode(graphs, gen.codes) if with_audio and len(gen.codes) else None
@@ -253,11 +253,35 @@ class Qwen3TTS:
         return host.stream_decode(codes, lambda x: graphs("code2wav", x)["wav"], self.left, self.chunk,
                                   c.samples_per_frame)
 
-    def speaker_embedding(self, graphs, wav: np.ndarray) -> np.ndarray:
-        from .speaker import fit_frames, log_mel
+    @property
+    def speaker_frames(self) -> int:
+        """F: the most log-mel frames a reference may have (--speaker-frames)."""
+        return int(self.options["speaker-frames"])
 
-        mel = fit_frames(log_mel(wav), int(self.options["speaker-frames"]))[None].astype(np.float32)
-        return graphs("speaker_encoder", {"mel": mel})["embedding"].reshape(-1)
+    def speaker_embedding(self, graphs, wav: np.ndarray, what: str = "the reference audio",
+                          hint: str = "") -> np.ndarray:
+        """The x-vector of the whole reference (upstream's): an error when it has more log-mel
+        frames than the graph's window, or fewer than the encoder's reflect pads need."""
+        from .speaker import check_reference, log_mel, shortest, window
+
+        check_reference(len(wav), self.speaker_frames, shortest(self.cfg.speaker_encoder), what=what, hint=hint)
+        return graphs("speaker_encoder", window(log_mel(wav), self.speaker_frames))["embedding"].reshape(-1)
+
+    def default_voice(self) -> np.ndarray:
+        """The synthetic reference used when none is given: 3 s, or the window when that is shorter."""
+        return reference_voice(0, seconds=min(3.0, _seconds(self.speaker_frames)))
+
+    def calibration_voice(self, i: int, count: int, heldout: bool) -> np.ndarray:
+        """The i-th of `count` synthetic references: lengths spread from 0.5 s (or the shortest the
+        encoder takes) to the whole window, so the speaker encoder is calibrated and scored with
+        masked frames as real references have them (held-out: the shortest and the longest)."""
+        from .speaker import shortest
+
+        most = self.speaker_frames
+        least = min(most, max(shortest(self.cfg.speaker_encoder), 46))           # 46 frames: 0.5 s
+        frac = (i / max(1, count - 1)) if not heldout else (0.0 if i % 2 == 0 else 1.0)
+        frames = int(round(least + frac * (most - least)))
+        return reference_voice(i + (100 if heldout else 0), seconds=_seconds(frames))
 
     def capture_frames(self) -> tuple[int, int]:
         """(calibration, held-out) frames generated per prompt: --calibration-frames, else by size."""
@@ -321,7 +345,8 @@ class Qwen3TTS:
                 opts = self.gen_options(greedy=held, seed=CALIBRATION_SEED + i, predictor="frame" if i % 2 else "step",
                                         max_frames=held_frames if held else cal_frames)
                 if self.cfg.tts_model_type == "base":
-                    req.speaker_embedding = self.speaker_embedding(cap, reference_voice(i + (100 if held else 0)))
+                    n = len(prompts.HELDOUT if held else prompts.CALIBRATION)
+                    req.speaker_embedding = self.speaker_embedding(cap, self.calibration_voice(i, n, held))
                 gen, _ = self.synthesize(cap, req, opts, with_audio=False)
                 gens.append(gen.codes)
             windows = self._code2wav_windows(gens)
@@ -384,6 +409,13 @@ def _spread(calls: list, limit: int) -> list:
         return list(calls)
     idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
     return [calls[i] for i in idx]
+
+
+def _seconds(frames: int) -> float:
+    """A duration whose samples make exactly `frames` log-mel frames (speaker.mel_frames)."""
+    from .speaker import HOP
+
+    return (frames * HOP + HOP // 2) / 24000
 
 
 def reference_voice(seed: int, seconds: float = 3.0, sr: int = 24000) -> np.ndarray:
@@ -464,6 +496,13 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     demo = ck.demo_label(checkpoint)
     model = Qwen3TTS(checkpoint, demo, dict(options), demo_seed=ck.demo_seed(checkpoint) if demo else None)
     model.cfg = ck.read_model_config(checkpoint)
+    if model.cfg.speaker_encoder is not None:
+        from .speaker import shortest
+
+        least = shortest(model.cfg.speaker_encoder)
+        if model.speaker_frames < least:
+            raise UsageError(f"--speaker-frames {model.speaker_frames} is below the {least} frames this speaker "
+                             f"encoder's reflect pads need")
     if model.talker_parts == 2 and model.cfg.talker.num_hidden_layers < 2:
         raise UsageError(f"--talker-parts 2 needs a talker of 2 layers or more (this one has "
                          f"{model.cfg.talker.num_hidden_layers})")

@@ -4,7 +4,7 @@ Shape symbols: Ht talker hidden, Tw text-embedding width, Lt / KVt / HDt talker 
 head dim (Lt1 / Lt2: the layers of each half of a split talker, --talker-parts 2); Lp / KVp / HDp
 the same for the code predictor; V predictor vocab (2048), Vt talker codec vocab (3072), Q code
 groups (16); P prefill tokens, C context slots; L / N Code2Wav left-context and chunk frames, S
-samples per frame (1920); F speaker-encoder mel frames.
+samples per frame (1920); F the speaker encoder's window: the most log-mel frames of a reference.
 
 Where embedding gathers run, and why: the text embedding table (151936 x 2048, 0.6 GB in bf16) stays
 on the host and only the gathered rows enter `text_projection`, so no NPU graph carries a table
@@ -111,10 +111,13 @@ COMPONENTS = (
         outputs=(T("wav", (1, 1, "N*S"), F32, "24 kHz waveform in [-1, 1] of the N new frames"),),
         gates_db=_LM_GATES, requires=("speech_tokenizer",), audio_outputs={"wav": 24000}),
     Component(
-        name="speaker_encoder", doc="ECAPA-TDNN x-vector from F log-mel frames (Base checkpoints)",
-        inputs=(T("mel", (1, "F", 128), F32, "log-mel, 24 kHz, hop 256 (host)"),),
+        name="speaker_encoder",
+        doc="ECAPA-TDNN x-vector of a reference of L log-mel frames, L up to F (Base checkpoints): reflect pads "
+            "around frame L-1, means, deviations and the attention softmax over the L frames, as upstream over L",
+        inputs=(T("mel", (1, "F", 128), F32, "log-mel, 24 kHz, hop 256 (host); frames L.. are zeros, never read"),
+                T("length", (1,), I32, "L, the reference's frames: from the largest reflect pad + 1 to F")),
         outputs=(T("embedding", (1, "Ht"), F32),),
-        gates_db=_LM_GATES, requires=("speaker_encoder",)),
+        gates_db=_LM_GATES, requires=("speaker_encoder",), version="2"),
 )
 
 RECIPE = Recipe(
@@ -144,7 +147,12 @@ RECIPE = Recipe(
                      "Only the transformer sees all L + N frames: the conv decoder after it is cropped to the "
                      "N new frames plus its ~10-frame reach, so L costs little",
                      affects=("code2wav",), range=(0, 250)),
-        RecipeOption("speaker-frames", int, 282, "speaker encoder: log-mel frames per graph call (F; 282 = 3 s)", range=(16, 6000)),
+        RecipeOption("speaker-frames", int, 938,
+                     "speaker encoder: maximum log-mel frames of a reference (F; 938 = 10 s at hop 256). The graph "
+                     "takes a zero-padded window of F frames and the valid length, and gives upstream's x-vector "
+                     "of any reference from its largest reflect pad + 1 frames (5 at upstream's geometry) to F; a longer "
+                     "one is an error, never cropped",
+                     range=(16, 6000)),
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
                      "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=(), range=(0, 2048)),
@@ -161,7 +169,7 @@ RECIPE = Recipe(
         RecipeOption("variant", str, "custom_voice",
                      "with --random-weights or the demo: custom_voice, base or voice_design"),
     ),
-    version="3",
+    version="4",          # 4: Base captures use references of varied length (the speaker encoder's window)
     # One 80 ms frame of audio (12.5 Hz codes): one talker step, one predictor frame (codes 1..15),
     # and 1/N of a Code2Wav chunk of N frames.
     realtime=RealTime(

@@ -139,7 +139,8 @@ def options() -> list:
         o(["--instruct"], default=None, help="voice / style instruction (VoiceDesign; CustomVoice 1.7B)"),
         o(["--instruct-ids"], default=None, help="ids of the templated instruction"),
         o(["--ref-audio"], type=click.Path(exists=True, dir_okay=False), default=None,
-          help="Base checkpoints: reference voice WAV (x-vector)"),
+          help="Base checkpoints: reference voice WAV; its x-vector is upstream's over the whole reference, "
+               "which may be at most --speaker-frames log-mel frames (the build's; 938 = 10 s by default)"),
         o(["--text-mode"], type=click.Choice(["auto", "streaming", "non-streaming"]), default="auto", show_default=True,
           help="non-streaming puts all text in the prompt; auto follows upstream (non-streaming for "
                "CustomVoice / VoiceDesign, streaming for Base)"),
@@ -203,6 +204,7 @@ def _run(model, build, kw, name: str) -> dict:
             gen = None
         else:
             if voice is not None:
+                _check_window(graphs, build)
                 req.speaker_embedding = model.speaker_embedding(graphs, voice)
             if build and not kw.get("predictor"):
                 kw = {**kw, "predictor": "frame" if "predictor_frame" in graphs.specs else "step"}
@@ -231,6 +233,17 @@ def _run(model, build, kw, name: str) -> dict:
             **({"instruct_ids": [int(i) for i in req.instruct_ids]} if req and req.instruct_ids else {}),
             **({"text_split": split[0], "text_split_reason": split[1]} if split else {}),
             "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {})}
+
+
+def _check_window(graphs, build) -> None:
+    """A build whose speaker encoder has no length input (recipe version < 4) pools over its whole
+    fixed window: its x-vector of any other length is not upstream's."""
+    from ...core import UsageError
+
+    spec = getattr(graphs, "specs", {}).get("speaker_encoder")
+    if spec is not None and "length" not in spec.input_names:
+        raise UsageError(f"--build {build}: its speaker_encoder pools a fixed window of frames (built before it took "
+                         f"the reference's length), so its x-vector is not upstream's; rebuild it")
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
@@ -303,9 +316,13 @@ def _request(model, kw, build, name: str):
                   non_streaming=non_streaming)
     voice = None
     if cfg.tts_model_type == "base":
-        from .model import reference_voice
+        voice = model.default_voice()
+        if kw.get("ref_audio"):
+            from .speaker import check_reference, shortest
 
-        voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate) if kw.get("ref_audio") else reference_voice(0)
+            voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate)
+            check_reference(len(voice), model.speaker_frames, shortest(cfg.speaker_encoder), model.speech.sample_rate,
+                            f"--ref-audio {kw['ref_audio']}", context_hint("qwen3-tts", build, "speaker-frames"))
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
     _check_context(model, req, text_option, ins_option if ins else None, build)
@@ -338,14 +355,15 @@ def _check_context(model, req, text_option: str, ins_option: str | None, build) 
                      f"(--context-length); shorten the text, or {context_hint('qwen3-tts', build)}")
 
 
-def context_hint(recipe: str, build) -> str:
-    """How to get a larger context: synth runs the build's (or, without --build, the recipe's default)."""
+def context_hint(recipe: str, build, option: str = "context-length") -> str:
+    """How to get a larger context (or another static size, `option`): synth runs the build's (or,
+    without --build, the recipe's default)."""
     from ...recipes import get_recipe
 
-    top = next(o.range[1] for o in get_recipe(recipe).options if o.name == "context-length")
+    top = next(o.range[1] for o in get_recipe(recipe).options if o.name == option)
     if build:
-        return f"rebuild {build} with a larger --context-length (at most {top})"
-    return f"build with a larger --context-length (at most {top}) and synth --build it"
+        return f"rebuild {build} with a larger --{option} (at most {top})"
+    return f"build with a larger --{option} (at most {top}) and synth --build it"
 
 
 def _gen_kwargs(model, kw) -> tuple[dict, list[str]]:
