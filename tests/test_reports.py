@@ -312,3 +312,34 @@ def test_caveats_say_what_an_accepted_verdict_was_not_checked_against(tmp_path):
     m["end_to_end"] = []
     text = summary(m)
     assert pte not in text and htp not in text and gate not in text and "⚠️" not in text
+
+
+def test_an_accepted_build_gated_by_codes_agreement_is_drawn_accepted_with_its_agreement():
+    """The fused predictor frame's codes have no SNR: its bar said "NaN/Inf: rejected" in red while
+    the build was accepted (issue 37). It says its agreement and its verdict, in the verdict's colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from omni_export.reports import figures
+    from omni_export.reports.html import _bars
+    from omni_export.reports.view import build_rows
+
+    m = manifest([build("ctx", "fp16", 50.0, 40.0)])
+    b = m["builds"][0]
+    b["parity"]["outputs"] = [{"name": "codes", "snr_db": None, "psnr_db": None, "agreement": 1.0,
+                               "agreement_raw": 0.733, "finite": True}]
+    bars = _bars(build_rows(m))
+    assert [x["note"] for x in bars] == ["codes agreement 100.0% (raw 73.3%, near ties excused)"]
+    fig, ax = plt.subplots()
+    figures._snr_bar(ax, 0, bars[0], math.nan, 60.0)
+    (text,) = [t for t in ax.texts]
+    assert text.get_text() == "codes agreement 100.0% (raw 73.3%, near ties excused): accepted"
+    assert matplotlib.colors.same_color(text.get_color(), figures.ACCEPTED)
+    b["status"] = "rejected"
+    fig, ax = plt.subplots()
+    figures._snr_bar(ax, 0, _bars(build_rows(m))[0], math.nan, 60.0)
+    assert ax.texts[0].get_text().endswith(": rejected")
+    assert matplotlib.colors.same_color(ax.texts[0].get_color(), figures.REJECTED)
+    plt.close("all")

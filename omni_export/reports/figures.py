@@ -151,8 +151,9 @@ def _cap(values) -> float:
 
 def _snr_bar(ax, y: float, b: dict, v: float, cap: float) -> None:
     color = ACCEPTED if b["accepted"] else REJECTED
-    if math.isnan(v) or v == -math.inf:
-        ax.text(0.5, y, f"{b.get('note', 'NaN/Inf')}: rejected", va="center", color=REJECTED, fontweight="bold")
+    if math.isnan(v) or v == -math.inf:       # no SNR: broken, unscored, or an output gated otherwise (codes)
+        ax.text(0.5, y, f"{b.get('note', 'NaN/Inf')}: {'accepted' if b['accepted'] else 'rejected'}", va="center",
+                color=color, fontweight="bold")
     else:
         width = min(max(v, 0.0), cap)
         ax.barh(y, width, height=0.62, color=color, alpha=0.85)

@@ -61,8 +61,18 @@ def _bars(rows: list[BuildRow]) -> list[dict]:
             bars.append({"label": f"{r.format} {r.precision} · {r.runner}{suffix}", "snr_db": o["snr_db"],
                          "psnr_db": o["psnr_db"], "finite": o.get("finite", True),
                          "threshold_db": r.threshold_db, "accepted": r.accepted,
-                         "note": o.get("note", "NaN/Inf")})
+                         "note": _no_snr_note(o)})
     return bars
+
+
+def _no_snr_note(o: dict) -> str:
+    """What a bar without an SNR says: an output gated by agreement (codes) gives its agreement."""
+    agree = o.get("agreement")
+    if agree is None:
+        return o.get("note", "NaN/Inf")
+    raw = o.get("agreement_raw")
+    extra = f" (raw {100 * raw:.1f}%, near ties excused)" if raw is not None and raw != agree else ""
+    return f"{o['name']} agreement {100 * agree:.1f}%{extra}"
 
 
 def _attribution(att: dict, rows: list[BuildRow]) -> dict | None:
