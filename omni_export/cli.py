@@ -248,9 +248,7 @@ def _recipe_command(name: str) -> click.Command:
         if as_json:
             click.echo(json.dumps(strict_json({"out": str(result.out), "exit_code": result.exit_code,
                                    "summary": m["summary"],
-                                   "builds": [{"name": b["name"], "format": b["format"], "status": b["status"],
-                                               "snr_db": _min_snr(b), "reason": b["parity"]["reason"]}
-                                              for b in m["builds"]]}), indent=2, allow_nan=False))
+                                   "builds": [_json_build(m, b) for b in m["builds"]]}), indent=2, allow_nan=False))
         else:
             _print_report(result.out)
             for n in notes:
@@ -271,7 +269,7 @@ def _recipe_command(name: str) -> click.Command:
                      help="comma-separated formats (onnx, pte, dlc, ctx); default: all the target builds"),
         click.Option(["--out", "-o"], type=click.Path(), default=None,
                      help=f"output directory [default: artifacts/{name}-TARGET]"),
-        click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout"),
+        click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout: each build's verdict, and the lowest SNR and agreement over the outputs its gate read"),
         click.Option(["--force"], is_flag=True, help="rebuild every build (skip the build cache) and replace an output directory "
                                                        "holding another recipe's or target's build; inputs captured "
                                                        "from the fp32 model are still read from the capture cache "
@@ -360,10 +358,18 @@ def _rewrites(text: str | None, target) -> tuple[str, ...]:
     return names
 
 
-def _min_snr(b: dict):
+def _json_build(m: dict, b: dict) -> dict:
+    """A build in --json: its verdict and the scores the gate read (as report.md shows them): the
+    lowest SNR and the lowest agreement over the gated outputs, None where no gated output has one."""
+    from .parity.regate import gated_outputs
+    from .parity.scores import gated, min_snr_db
+
     outs = (b.get("parity") or {}).get("outputs") or []
-    vals = [o["snr_db"] for o in outs if isinstance(o["snr_db"], (int, float))]
-    return min(vals) if vals else None
+    names = gated_outputs(m, b["component"])
+    agree = [o["agreement"] for o in gated(outs, names) if o.get("agreement") is not None]
+    return {"name": b["name"], "component": b["component"], "format": b["format"], "precision": b["precision"],
+            "status": b["status"], "snr_db": min_snr_db(outs, names), "agreement": min(agree) if agree else None,
+            "reason": b["parity"]["reason"]}
 
 
 def _print_report(out: Path) -> None:

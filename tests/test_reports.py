@@ -343,3 +343,21 @@ def test_an_accepted_build_gated_by_codes_agreement_is_drawn_accepted_with_its_a
     assert ax.texts[0].get_text().endswith(": rejected")
     assert matplotlib.colors.same_color(ax.texts[0].get_color(), figures.REJECTED)
     plt.close("all")
+
+
+def test_build_json_scores_what_the_gate_read():
+    """--json's per-build snr_db pooled every output: the fused frame's ungated outputs gave 3.6 dB
+    beside a build report.md shows as accepted on codes agreement (issue 37). Now the gated outputs'."""
+    from omni_export.cli import _json_build
+
+    m = manifest([build("ctx", "fp16", 50.0, 40.0)])
+    comp = m["builds"][0]["component"]
+    m["components"][comp]["gated_outputs"] = ["codes"]
+    m["builds"][0]["parity"]["outputs"] = [
+        {"name": "codes", "snr_db": None, "psnr_db": None, "agreement": 1.0, "agreement_raw": 0.733, "finite": True},
+        {"name": "margins", "snr_db": 3.6, "psnr_db": 9.0, "finite": True}]
+    j = _json_build(m, m["builds"][0])
+    assert (j["component"], j["format"], j["precision"], j["status"]) == (comp, "ctx", "fp16", "accepted")
+    assert j["snr_db"] is None and j["agreement"] == 1.0
+    m["components"][comp]["gated_outputs"] = []                       # every output gated
+    assert _json_build(m, m["builds"][0])["snr_db"] == 3.6
