@@ -269,7 +269,9 @@ def _recipe_command(name: str) -> click.Command:
                      help="comma-separated formats (onnx, pte, dlc, ctx); default: all the target builds"),
         click.Option(["--out", "-o"], type=click.Path(), default=None,
                      help=f"output directory [default: artifacts/{name}-TARGET]"),
-        click.Option(["--json", "as_json"], is_flag=True, help="print a JSON summary on stdout: each build's verdict, and the lowest SNR and agreement over the outputs its gate read"),
+        click.Option(["--json", "as_json"], is_flag=True,
+                     help="print a JSON summary on stdout: each build's verdict, and the lowest SNR and "
+                          "agreement over the outputs its gate read"),
         click.Option(["--force"], is_flag=True, help="rebuild every build (skip the build cache) and replace an output directory "
                                                        "holding another recipe's or target's build; inputs captured "
                                                        "from the fp32 model are still read from the capture cache "
