@@ -208,6 +208,7 @@ def _recipe_command(name: str) -> click.Command:
                  rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
                  **recipe_opts):
         from .faults import interrupted_by, interrupts_latched
+        from .hf import resolve_checkpoint
         from .pipeline import RunOptions, run
 
         try:
@@ -219,7 +220,7 @@ def _recipe_command(name: str) -> click.Command:
             opts = RunOptions(
                 recipe=recipe, target=tgt,
                 out=Path(out) if out else Path("artifacts") / f"{name}-{tgt.name}",
-                checkpoint=Path(checkpoint) if checkpoint else None, components=comps,
+                checkpoint=Path(resolve_checkpoint(checkpoint)) if checkpoint else None, components=comps,
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
@@ -259,7 +260,9 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--target", "-t"], default="s25-htp", show_default=True,
                      help=f"device to build for: {', '.join(TARGETS)}"),
         click.Option(["--checkpoint", "-c"], type=click.Path(), default=None,
-                     help="checkpoint directory in the official layout; default: a tiny seeded demo "
+                     help="checkpoint directory in the official layout, or a Hugging Face repository "
+                          "ORG/NAME[@REVISION] (safetensors, JSON and tokenizer files fetched into the HF "
+                          "cache; HF_HUB_OFFLINE=1 reads the cache only); default: a tiny seeded demo "
                           "checkpoint (random weights) written into the output directory"),
         click.Option(["--components"], default=None,
                      help=f"comma-separated subset of: {', '.join(c.name for c in recipe.components)}"),

@@ -25,7 +25,8 @@ def options() -> list:
     o = click.Option
     return [
         o(["--checkpoint", "-c"], type=click.Path(), default=None,
-          help="checkpoint directory; default: the build's checkpoint with --build, else the tiny demo checkpoint"),
+          help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
+               "the build's checkpoint with --build, else the tiny demo checkpoint"),
         o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
         o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
           help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
@@ -110,7 +111,9 @@ def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
 
     opts = {o.name: o.default for o in get_recipe("spark").options}
     if build is None:
-        return opts, checkpoint
+        from ...hf import resolve_checkpoint
+
+        return opts, resolve_checkpoint(checkpoint)
     path = build / "manifest.json"
     if not path.exists():
         raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
