@@ -361,3 +361,20 @@ def test_build_json_scores_what_the_gate_read():
     assert j["snr_db"] is None and j["agreement"] == 1.0
     m["components"][comp]["gated_outputs"] = []                       # every output gated
     assert _json_build(m, m["builds"][0])["snr_db"] == 3.6
+
+
+def test_every_row_says_what_its_verdict_rests_on():
+    """The runner, how many held-out samples it scored, and a DLC scored by its context binary's run."""
+    from omni_export.reports.view import build_rows
+
+    m = manifest([build("ctx", "fp16", 50.0, 40.0), build("ctx", "fp16", 50.0, 40.0), build("onnx", "fp16", 60.0, 40.0)])
+    m["builds"][1]["format"] = "dlc"
+    comp = m["builds"][0]["component"]
+    m["components"][comp]["heldout"] = {"count": 12}
+    for b, k in zip(m["builds"], (2, 2, 12)):
+        b["parity"]["samples"] = k
+    m["builds"][1]["outputs_from"] = "ctx"
+    assert [r.scored for r in build_rows(m)] == ["2 of 12 samples", "2 of 12 samples; shares the ctx build's run, "
+                                                 "not run itself", "12 samples"]
+    text = summary(m)
+    assert "(2 of 12 samples; shares the ctx build's run, not run itself) |" in text and "(12 samples) |" in text

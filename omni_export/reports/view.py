@@ -31,7 +31,7 @@ class BuildRow:
     files: tuple = ()
     samples: tuple = ()
     hub: dict | None = None
-    scored: str = ""          # "2 of 12 samples" when the runner scored a subset of the held-out samples
+    scored: str = ""          # "2 of 12 samples" / "12 samples"; "shares the ctx build's run, not run itself"
     runner_kind: str = ""     # the runner's kind: ort-cpu, qnn-htp, executorch, device
 
     @property
@@ -83,10 +83,17 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
 
 
 def _scored(m: dict, b: dict) -> str:
-    """How many of the component's held-out samples the build's runner scored, when not all of them."""
+    """What the verdict rests on besides the runner: how many of the component's held-out samples it
+    scored, and, for a build whose outputs are a sibling's (a DLC sharing its context binary's
+    run), that it was not run itself."""
     n = ((m.get("components") or {}).get(b["component"]) or {}).get("heldout", {}).get("count")
     k = (b.get("parity") or {}).get("samples")
-    return f"{k} of {n} samples" if isinstance(k, int) and isinstance(n, int) and k < n else ""
+    said = ""
+    if isinstance(k, int) and isinstance(n, int):
+        said = f"{k} of {n} samples" if k < n else f"{k} sample{'s' if k != 1 else ''}"
+    if b.get("outputs_from"):
+        said += f"{'; ' if said else ''}shares the {b['outputs_from']} build's run, not run itself"
+    return said
 
 
 def _device_reason(b: dict) -> str:
