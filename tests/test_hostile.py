@@ -298,3 +298,27 @@ def test_the_manifest_records_how_the_host_accumulates_fp16():
     assert xnnpack_fp16_accumulation({"avx2", "avx512f", "avx512_fp16"}, "x86_64") == "fp16"
     assert xnnpack_fp16_accumulation({"avx2", "f16c"}, "x86_64") == "fp32"
     assert xnnpack_fp16_accumulation({"asimd", "asimdhp"}, "aarch64") == "fp16"
+
+
+def test_committed_files_get_the_plain_file_mode_and_a_staged_link_is_not_followed(tmp_path):
+    """QNN writes DLCs 0640: every artifact leaves with the mode of a file written under the umask;
+    a link in staging is refused, never chmod-ed through."""
+    from omni_export.artifacts.store import FILE_MODE
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's")
+    outside.chmod(0o600)
+    out = tmp_path / "out"
+    st = Store(out)
+    st.begin("r", "t", force=False)
+    f = st.staging("x.dlc") / "x.dlc"
+    f.write_bytes(b"dlc")
+    f.chmod(0o640)
+    st.commit([f], accepted=True)
+    assert (out / "x.dlc").stat().st_mode & 0o777 == FILE_MODE
+    link = st.staging("y.dlc") / "y.dlc"
+    link.symlink_to(outside)
+    with pytest.raises(OSError):
+        st.commit([link], accepted=True)
+    assert outside.stat().st_mode & 0o777 == 0o600
+    st.abort()

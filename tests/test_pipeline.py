@@ -6,7 +6,7 @@ import pytest
 
 from breakage import constant_codes, outlier_activation_channel, outlier_input_channel
 from conftest import FAST, GEOMETRY, GOLDEN, builds_by, read_manifest, run_cli
-from omni_export.artifacts.store import sha256_file
+from omni_export.artifacts.store import FILE_MODE, sha256_file
 from omni_export.recipes.qwen3_tts import checkpoint as ck
 
 SCHEMA = Path(__file__).resolve().parents[1] / "omni_export" / "schemas" / "manifest.schema.json"
@@ -54,6 +54,7 @@ def test_every_listed_file_exists_with_its_hash_and_rejected_ones_are_apart(demo
         for f in b["files"]:
             p = out / f["path"]
             assert p.exists() and sha256_file(p) == f["sha256"] and p.stat().st_size == f["bytes"]
+            assert p.stat().st_mode & 0o777 == FILE_MODE, (f["path"], oct(p.stat().st_mode))   # QNN's DLC was 0640
             assert f["path"].startswith("rejected/") == (b["status"] == "rejected")
     assert not (out / ".incomplete").exists() and not (out / ".staging").exists()
 

@@ -66,6 +66,25 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _file_mode() -> int:
+    """The mode a file written with open() gets under this process's umask (0644 under 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()
+
+
+def _plain_mode(path: Path) -> None:
+    """`path` (ours, staged) readable like any written file; a link is not followed."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -341,6 +360,7 @@ class Store:
         for f in files:
             f = Path(f)
             rec = FileRecord(self._relpath(dest_dir, f.name), sha256_file(f), f.stat().st_size)
+            _plain_mode(f)                  # QNN writes DLCs 0640: every artifact alike
             self._place(rec.path, lambda dest, f=f: os.replace(f, dest))
             self._unlink(self._relpath(other, f.name))     # a build that moved between verdicts
             records.append(rec)
@@ -362,6 +382,8 @@ class Store:
         parts = relpath.split("/")
         rel = self._relpath(self.root.joinpath(*parts[:-1]), parts[-1])
         rec = FileRecord(rel, sha256_file(src), src.stat().st_size)
+        if move:
+            _plain_mode(src)
         self._place(rel, lambda dest: os.replace(src, dest) if move else _atomic_copy(src, dest))
         return rec
 
