@@ -177,8 +177,9 @@ def list_cmd():
         if r.also_attempt:
             click.echo(f"  {'':12s} default plan also attempts {','.join(p.value for p in r.also_attempt)} "
                        f"(gated; where the unit runs them)")
+        width = max(len(c.name) for c in r.components)           # one column per recipe, aligned
         for c in r.components:
-            click.echo(f"    {c.name:14s} {c.doc}")
+            click.echo(f"    {c.name:{width}s}  {c.doc}")
     click.echo("targets:")
     for t in TARGETS.values():
         click.echo(f"  {t.name:12s} {t.device}; formats {','.join(f.value for f in t.formats)}; "

@@ -20,6 +20,18 @@ def test_list_names_recipes_components_targets_precisions_formats():
     out = run_cli("list", check=True).stdout
     for word in ("qwen3-tts", "code2wav", "s25-htp", "s24-htp", "cpu", "w8a16", "ctx", "pte", "dlc"):
         assert word in out
+    # each recipe's component descriptions start in one column, two spaces after the longest name
+    recipes: list[list[str]] = []
+    for line in out.split("targets:")[0].splitlines()[1:]:
+        if line[:2] == "  " and line[2] != " ":
+            recipes.append([])
+        elif line[:4] == "    " and line[4] != " ":
+            recipes[-1].append(line[4:])
+    assert len(recipes) >= 3 and all(recipes)
+    for rows in recipes:
+        names = [r.split(" ", 1)[0] for r in rows]
+        column = max(map(len, names)) + 2
+        assert all(r[column - 2:column] == "  " and r[column] != " " for r in rows), rows
 
 
 @pytest.mark.parametrize("args,message", [
