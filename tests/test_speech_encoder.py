@@ -75,11 +75,34 @@ def test_nearest_codeword_is_cdists(encoder):
     assert torch.equal(SE._nearest(x, table, sq), torch.cdist(x[None], table[None])[0].argmin(-1))
 
 
-def test_exports_as_one_static_graph(encoder, golden):
-    key = KEYS[0]
-    wav = torch.from_numpy(wav_of(key))[None]
-    ep = torch.export.export(encoder, (wav,), strict=False)
-    assert np.array_equal(ep.module()(wav).numpy(), golden[f"{key}_codes"].astype(np.int64))
+WINDOW = 48000      # 2 s: 25 frames, longer than every golden reference
+
+
+def windowed(key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    wav = wav_of(key)
+    w = torch.zeros(1, WINDOW)
+    w[0, :wav.size] = torch.from_numpy(wav)
+    return w, torch.tensor([wav.size])
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_zero_padded_window_gives_upstreams_codes(encoder, golden, key):
+    """The static-shape form: a window of zeros after the reference plus its length. Upstream pads
+    each strided conv with zeros and the downsample by replication at the reference's own end: the
+    last, partial frame is upstream's too, not only the whole ones."""
+    want = golden[f"{key}_codes"].astype(np.int64)
+    with torch.no_grad():
+        codes = encoder(*windowed(key)).numpy()
+    assert codes.shape == (encoder.config.frames(WINDOW), 16)
+    assert np.array_equal(codes[:len(want)], want)
+
+
+def test_exports_as_one_static_graph_for_every_length(encoder, golden):
+    """One exported program (window of WINDOW samples, the length an input) serves every reference."""
+    ep = torch.export.export(encoder, windowed(KEYS[0]), strict=False)
+    for key in KEYS:
+        want = golden[f"{key}_codes"].astype(np.int64)
+        assert np.array_equal(ep.module()(*windowed(key)).numpy()[:len(want)], want), key
 
 
 def test_config_round_trips_and_matches_the_writer(base):

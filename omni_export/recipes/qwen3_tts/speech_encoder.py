@@ -17,7 +17,12 @@ with its decoder half removed, on `speech_tokenizer/model.safetensors` `encoder.
 Every pad is causal: constant zeros on the left (kernel - stride), and on the right only what
 completes the last stride (replicate for the downsample); so frames = ceil(S / 1920), which is the
 count upstream keeps. All padding amounts are Python integers of the static sample count: a fixed
-S exports as a static graph with no data-dependent control flow.
+S exports as a static graph with no data-dependent control flow. For a graph that takes references
+of any length, `forward(window, length)` runs a zero-padded static window and the valid length as a
+tensor: only the strided convs' right pads and the downsample's replicate pad can reach past the
+reference's end, so their inputs are masked / clamped there and the first ceil(length / 1920)
+frames are upstream's codes of the reference alone (tested through torch.export; a dynamo ONNX
+export of it run in onnxruntime gave the same codes).
 
 Two things worth knowing for export and fidelity:
 - The nearest-codeword search (the argmin, `_nearest`) mirrors torch.cdist's matmul path, which is
@@ -303,10 +308,16 @@ class SEANet(nn.Module):
         layers += [nn.ELU(), PaddedConv(dim, c.hidden_size, c.last_kernel_size)]
         self.layers = nn.ModuleList(layers)
 
-    def forward(self, x):
+    def forward(self, x, length=None):
+        """`length` (int64 [1], optional): valid samples of a zero-padded window. Only the strided
+        convs read past the valid end (upstream pads there with zeros); their inputs are zeroed from
+        the valid length of their resolution on. Returns (x, valid length at the output)."""
         for layer in self.layers:
+            if length is not None and isinstance(layer, PaddedConv) and layer.stride > 1:
+                x = x * (torch.arange(x.shape[-1]) < length).to(x.dtype)
+                length = (length + layer.stride - 1) // layer.stride
             x = layer(x)
-        return x
+        return x, length
 
 
 class Scale(nn.Module):
@@ -426,7 +437,13 @@ class RVQ(nn.Module):
 
 
 class SpeechEncoder(nn.Module):
-    """wav [1, S] (24 kHz, float32) -> codes [ceil(S / 1920), valid_num_quantizers] (int64)."""
+    """wav [1, S] (24 kHz, float32) -> codes [ceil(S / 1920), valid_num_quantizers] (int64).
+
+    With `length` (int64 [1]): wav is a static window whose first `length` samples are the reference
+    and the rest zeros; codes [ceil(S / 1920), Q] of which the first ceil(length / 1920) are
+    upstream's codes of the reference alone, the last partial frame included (the rest is padding
+    for the host to drop). Everything is causal, so only the right padding of each strided conv
+    and the downsample's replicate pad can see past the valid end; those are masked / clamped."""
 
     def __init__(self, c: SpeechEncoderConfig):
         super().__init__()
@@ -438,14 +455,18 @@ class SpeechEncoder(nn.Module):
         self.semantic = RVQ(c, c.num_semantic_quantizers)
         self.acoustic = RVQ(c, c.used_acoustic)
 
-    def latent(self, wav: torch.Tensor) -> torch.Tensor:
+    def latent(self, wav: torch.Tensor, length: torch.Tensor | None = None) -> torch.Tensor:
         """The quantizer's input [1, H, frames]."""
-        x = self.encoder(wav[:, None, :])
+        x, n = self.encoder(wav[:, None, :], length)
         x = self.encoder_transformer(x.transpose(1, 2)).transpose(1, 2)
+        if n is not None:
+            # upstream's downsample replicates its last valid frame into the right pad
+            idx = torch.minimum(torch.arange(x.shape[-1]), n - 1)
+            x = x.index_select(-1, idx)
         return self.downsample(x)
 
-    def forward(self, wav: torch.Tensor) -> torch.Tensor:
-        z = self.latent(wav)
+    def forward(self, wav: torch.Tensor, length: torch.Tensor | None = None) -> torch.Tensor:
+        z = self.latent(wav, length)
         return torch.cat([self.semantic(z), self.acoustic(z)], dim=-1)
 
 
