@@ -105,6 +105,20 @@ def test_exports_as_one_static_graph_for_every_length(encoder, golden):
         assert np.array_equal(ep.module()(*windowed(key)).numpy()[:len(want)], want), key
 
 
+def test_mimi_default_geometry_codes_are_upstreams():
+    """MimiConfig's default geometry (the released encoder's, believed): hidden 512, 64 filters, 8
+    layers, head_dim 64, 32 codebooks of 2048 x 256; seeded tensors, never written to disk."""
+    from omni_export.weights import seeded_tensors
+
+    r = META["mimi_geometry"]
+    m = SE.build_speech_encoder(SE.MIMI_SPEECH_ENCODER,
+                                seeded_tensors(SE.speech_encoder_tensors(SE.MIMI_SPEECH_ENCODER), r["tensor_seed"]))
+    wav = reference_voice(r["seed"], r["seconds"])
+    assert hashlib.sha256(wav.tobytes()).hexdigest() == r["wav_sha256"]
+    want = np.load(GOLDEN / "qwen3_tts" / "speech_encoder.npz")[f"{r['key']}_codes"].astype(np.int64)
+    assert np.array_equal(SE.encode(m, wav).numpy(), want)
+
+
 def test_config_round_trips_and_matches_the_writer(base):
     raw = json.loads((base / "speech_tokenizer" / "config.json").read_text())
     assert SE.read_speech_encoder_config(base) == SE.TINY_SPEECH_ENCODER

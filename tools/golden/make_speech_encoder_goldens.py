@@ -15,6 +15,12 @@ For each reference (`reference_voice(seed, seconds)`, 24 kHz) it records upstrea
 [frames, 16] and the quantizer's input (the downsample conv's output, [1, H, frames], caught by a
 forward hook) for debugging, plus the waveform's sha256 so the test knows it regenerated the same
 samples. Writes tests/golden/qwen3_tts/speech_encoder.npz and speech_encoder.json.
+
+Also one case at MimiConfig's default geometry (`MIMI_SPEECH_ENCODER`: hidden 512, 64 filters, 8
+layers, head_dim 64, 32 codebooks of 2048 x 256, as the released encoder is believed to be): our
+seeded tensors (seed MIMI_SEED, never written to disk) loaded strictly into upstream's
+`Qwen3TTSTokenizerV2Model` built with `encoder_config={}` (MimiConfig defaults), `.encode` of one
+1.3 s reference; its codes are recorded.
 """
 from __future__ import annotations
 
@@ -33,6 +39,36 @@ SEED, SIZE, KIND = 21, "tiny-1.7b", "base"
 # (key, reference seed, seconds): 7 frames, a fractional 9.6 frames, exactly 12 frames (23040
 # samples, no right padding anywhere), 17 frames
 REFERENCES = [("ref_0p5s", 41, 0.5), ("ref_0p77s", 42, 0.77), ("ref_0p96s", 43, 0.96), ("ref_1p3s", 44, 1.3)]
+MIMI_SEED, MIMI_REFERENCE = 5, ("mimi_ref_1p3s", 45, 1.3)
+
+
+def mimi_geometry() -> tuple[np.ndarray, dict]:
+    import torch
+
+    from omni_export.recipes.qwen3_tts.checkpoint import REAL_CODE2WAV
+    from omni_export.recipes.qwen3_tts.model import reference_voice
+    from omni_export.recipes.qwen3_tts.speech_encoder import MIMI_SPEECH_ENCODER, speech_encoder_tensors
+    from omni_export.weights import seeded_tensors
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+
+    cfg = Qwen3TTSTokenizerV2Config(encoder_config={}, decoder_config=REAL_CODE2WAV.to_json())
+    model = Qwen3TTSTokenizerV2Model(cfg).eval()
+    tensors = {"encoder." + k: torch.from_numpy(v)
+               for k, v in seeded_tensors(speech_encoder_tensors(MIMI_SPEECH_ENCODER), MIMI_SEED).items()}
+    held = {k for k in model.state_dict() if k.startswith("encoder.")}
+    assert held == set(tensors), sorted(held ^ set(tensors))
+    model.load_state_dict(tensors, strict=False)
+    key, seed, seconds = MIMI_REFERENCE
+    wav = reference_voice(seed, seconds)
+    with torch.no_grad():
+        codes = model.encode(torch.from_numpy(wav)[None], torch.ones(1, wav.size, dtype=torch.long)).audio_codes[0]
+    codes = codes.numpy()
+    return codes, {"key": key, "seed": seed, "seconds": seconds, "tensor_seed": MIMI_SEED,
+                   "frames": int(codes.shape[0]), "wav_sha256": hashlib.sha256(wav.tobytes()).hexdigest(),
+                   "encoder_config": "MimiConfig defaults",
+                   "encoder_attention": cfg.encoder_config._attn_implementation,
+                   "distinct_codes_per_codebook": [int(len(set(c))) for c in codes.T]}
 
 
 def main() -> None:
@@ -71,12 +107,14 @@ def main() -> None:
                             "wav_sha256": hashlib.sha256(wav.tobytes()).hexdigest(),
                             "distinct_codes_per_codebook": [int(len(set(c))) for c in codes.T]}
         attn = model.config.encoder_config._attn_implementation
+    mimi_codes, mimi = mimi_geometry()
+    arrays[f"{mimi['key']}_codes"] = mimi_codes.astype(np.int16)
     np.savez_compressed(OUT / "speech_encoder.npz", **arrays)
     meta = {"generated_by": "tools/golden/make_speech_encoder_goldens.py",
             "upstream": {"qwen-tts": getattr(qwen_tts, "__version__", "0.1.1"), "torch": torch.__version__,
                          "transformers": transformers.__version__},
             "checkpoint": {"seed": SEED, "size": SIZE, "kind": KIND}, "encoder_attention": attn,
-            "references": summary}
+            "references": summary, "mimi_geometry": mimi}
     (OUT / "speech_encoder.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta, indent=1))
     print("npz bytes:", (OUT / "speech_encoder.npz").stat().st_size)

@@ -207,6 +207,9 @@ class SpeechEncoderConfig:
         return d
 
 
+# MimiConfig's defaults: the released 12 Hz tokenizer's encoder is a Mimi at these (hidden 512, 64
+# filters, 8 layers of 8 heads, 32 quantizers of 2048 x 256; verify against its config.json).
+MIMI_SPEECH_ENCODER = SpeechEncoderConfig()
 # Small widths, real structure (SEANet ratios, 25 -> 12.5 Hz, 32 quantizers of 2048, 16 kept).
 TINY_SPEECH_ENCODER = SpeechEncoderConfig(
     hidden_size=32, num_filters=4, codebook_dim=16, vector_quantization_hidden_dimension=16, upsample_groups=32,
@@ -511,21 +514,25 @@ def load_speech_encoder(checkpoint: Path) -> SpeechEncoder:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise UsageError(f"{path}: tensor '{unknown[0]}'{more} is not part of the encoder this config describes; "
                          f"encoder_config does not match the weights")
-    tensors = load_tensors(path, table, prefix=PREFIX)
+    return build_speech_encoder(c, load_tensors(path, table, prefix=PREFIX))
+
+
+def build_speech_encoder(c: SpeechEncoderConfig, tensors) -> SpeechEncoder:
+    """The module from `encoder.*` tensors (names without the prefix; torch or numpy), codebooks
+    folded to constant tables (embed_sum / clamp(cluster_usage, 1e-5), as upstream computes them)."""
+    def get(name):
+        return torch.as_tensor(tensors[name], dtype=torch.float32)
+
     m = SpeechEncoder(c)
-    state = {}
-    for name in m.state_dict():
-        if name.startswith(("semantic.", "acoustic.")):
-            continue
-        state[name] = tensors[name]
+    state = {name: get(name) for name in m.state_dict() if not name.startswith(("semantic.", "acoustic."))}
     for part, rvq in (("semantic", m.semantic), ("acoustic", m.acoustic)):
         p = f"quantizer.{part}_residual_vector_quantizer."
         if rvq.input_proj is not None:
-            state[f"{part}.input_proj.weight"] = tensors[p + "input_proj.weight"]
+            state[f"{part}.input_proj.weight"] = get(p + "input_proj.weight")
         books = []
         for k in range(rvq.codebooks.shape[0]):
             q = f"{p}layers.{k}.codebook."
-            books.append(tensors[q + "embed_sum"] / tensors[q + "cluster_usage"].clamp(min=CODEBOOK_EPS)[:, None])
+            books.append(get(q + "embed_sum") / get(q + "cluster_usage").clamp(min=CODEBOOK_EPS)[:, None])
         books = torch.stack(books)
         state[f"{part}.codebooks"] = books
         state[f"{part}.codebooks_sq"] = books.pow(2).sum(-1)
