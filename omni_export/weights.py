@@ -369,6 +369,9 @@ def _map(source, offset: int, shape):
     return torch.from_numpy(arr)
 
 
+CAST_BUFFER = 1 << 18        # elements per buffered cast into the spill file
+
+
 class Fp32Spill:
     """fp32 copies of checkpoint tensors, appended once to a scratch file and mapped copy-on-write on
     every request. The file is unlinked as soon as it is created (in a fresh temporary directory, or
@@ -387,11 +390,42 @@ class Fp32Spill:
         st = path.stat()
         key = (str(path), st.st_mtime_ns, st.st_size, full)
         if key not in self._index:
-            with safe_open(str(path), framework="pt") as f:
-                t = f.get_tensor(full).to(torch.float32).contiguous()
-            self._index[key] = self._append(t.numpy())
-            del t
+            info = _header_cached(path)[full]
+            if info["dtype"] in ("BF16", "F16"):
+                self._index[key] = self._convert(path, _data_start(path) + info["data_offsets"][0], info["dtype"],
+                                                 math.prod(info["shape"]))
+            else:
+                with safe_open(str(path), framework="pt") as f:
+                    t = f.get_tensor(full).to(torch.float32).contiguous()
+                self._index[key] = self._append(t.numpy())
+                del t
         return _map(self._file(), self._index[key], shape)
+
+    def _convert(self, path: Path, offset: int, dtype: str, n: int) -> int:
+        """Append the `n` BF16 / F16 values at `offset` of `path` as fp32, converted from one file's
+        pages to the other's by numpy's buffered casts: no anonymous copy of the tensor at any size
+        (converting it whole held the 1.7B text embedding's 0.62 GB of BF16 and its 1.24 GB of fp32
+        in memory at once). BF16 is the top half of an fp32: a 16-bit shift, exact; F16 widens exactly."""
+        f = self._file()
+        start = f.seek(0, 2)
+        start += -start % 64
+        f.truncate(start + 4 * n)
+        if n:
+            wide = np.uint32 if dtype == "BF16" else np.float32
+            dst = np.memmap(f, dtype=wide, mode="r+", offset=start, shape=(n,))
+            src = np.memmap(path, dtype=np.uint16 if dtype == "BF16" else np.float16, mode="r", offset=offset,
+                            shape=(n,))
+            old = np.setbufsize(CAST_BUFFER)            # cast in 1 MB pieces, not numpy's 8192 elements
+            try:
+                if dtype == "BF16":
+                    np.left_shift(src, 16, out=dst, dtype=np.uint32)
+                else:
+                    np.copyto(dst, src)
+            finally:
+                np.setbufsize(old)
+            dst.flush()
+            del dst, src
+        return start
 
     def _file(self):
         import os
