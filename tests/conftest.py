@@ -65,6 +65,17 @@ def shared_once(tmp_path_factory, name: str, make) -> Path:
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: tiny graphs run op by op (see the xdist note above)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     from omni_export.recipes.qwen3_tts import checkpoint as ck

@@ -53,11 +53,8 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)
 
 
 def _rel(a, b) -> float:

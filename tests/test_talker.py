@@ -32,11 +32,8 @@ def _load(tmp_path, name, **options):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.parametrize("name", sorted(META))

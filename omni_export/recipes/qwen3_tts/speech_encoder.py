@@ -47,6 +47,7 @@ from torch import nn
 
 from ...core import UsageError
 from ...weights import TensorDecl, load_tensors, read_header, refuse_pickles
+from .modules import LayerScale
 from .checkpoint import TOKENIZER_MODEL_TYPE, _require_type, conv, linear, read_json, speech_tokenizer_dir
 
 PREFIX = "encoder."
@@ -323,15 +324,6 @@ class SEANet(nn.Module):
         return x, length
 
 
-class Scale(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(ch))
-
-    def forward(self, x):
-        return self.scale * x
-
-
 class Attention(nn.Module):
     def __init__(self, c: SpeechEncoderConfig):
         super().__init__()
@@ -380,8 +372,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
         self.self_attn = Attention(c)
         self.mlp = MLP(c)
-        self.self_attn_layer_scale = Scale(c.hidden_size)
-        self.mlp_layer_scale = Scale(c.hidden_size)
+        self.self_attn_layer_scale = LayerScale(c.hidden_size)
+        self.mlp_layer_scale = LayerScale(c.hidden_size)
 
     def forward(self, x, cos, sin, mask):
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
