@@ -207,7 +207,7 @@ def _recipe_command(name: str) -> click.Command:
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
-                 **recipe_opts):
+                 keep_sources, **recipe_opts):
         from .faults import interrupted_by, interrupts_latched
         from .hf import resolve_checkpoint
         from .pipeline import RunOptions, run
@@ -227,7 +227,8 @@ def _recipe_command(name: str) -> click.Command:
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
                 jobs=jobs or 0, executor=executor, gates=parse_gates(gate), sim_samples=sim_samples,
                 htp_finalize=htp_optimization,
-                max_memory=int(max_memory * 1e9) if max_memory else None)
+                max_memory=int(max_memory * 1e9) if max_memory else None,
+                keep_sources=keep_sources or hub_opts is not None)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet or as_json)
             with _native_stdout_to_stderr(), interrupts_latched():
@@ -317,6 +318,9 @@ def _recipe_command(name: str) -> click.Command:
                           "one after another when tight. Default: QNN compiles and quantizations that reserve "
                           "2 GiB or more run alone, beside the build process only (the lowest peak), and the "
                           "other steps overlap while they fit in the memory free at the build's start"),
+        click.Option(["--keep-sources"], is_flag=True,
+                     help="keep sources/: the ONNX each accepted build is compiled from, which `omni-export hub "
+                          "submit` uploads to AI Hub (--hub keeps them; 82 MB on the demo)"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

@@ -212,7 +212,7 @@ def test_weight_symlinked_outside_the_checkpoint_is_followed_and_recorded(tmp_pa
     assert not any(w.get("outside_checkpoint") for w in weights if w["path"] != f"{ST}/model.safetensors")
     assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json", "parity-inputs", "parity.json",
                                                      "qwen3-tts-text_projection-fp16-s25-htp.onnx", "report.html",
-                                                     "report.md", "sources"]
+                                                     "report.md"]
 
 
 # ------------------------------------------------------------------------------ calibration

@@ -43,7 +43,7 @@ def s25_build(tmp_path_factory, tiny_checkpoint) -> Path:
                             components=("text_projection", "code2wav"), formats=(Format.ONNX,),
                             precisions=(Precision.FP32, Precision.FP16, Precision.W8A16),
                             recipe_options={"left-context": 2, "chunk-frames": 2},
-                            attribution="off", rewrites=(), jobs=1, e2e=()))
+                            attribution="off", rewrites=(), jobs=1, e2e=(), keep_sources=True))
     assert result.exit_code == 0
     return out
 
@@ -467,6 +467,22 @@ def test_an_unknown_device_is_refused_before_anything_is_submitted(hub, out):
                                 "(omni-export hub devices lists them)"]
     assert created(hub) == {"compile": 0, "quantize": 0, "inference": 0}
     assert "hub" not in read_manifest(out) and not (out / ".incomplete").exists()
+
+
+def test_a_build_without_sources_says_to_rebuild_with_keep_sources(hub, out):
+    """sources/ is kept only with --keep-sources or --hub (issue 37 item 3): hub submit on a build
+    without it is one line naming the flag, before anything is submitted."""
+    m = read_manifest(out)
+    m["options"]["keep_sources"] = False
+    for c in m["components"].values():
+        c.pop("sources", None)
+    shutil.rmtree(out / "sources")
+    (out / "manifest.json").write_text(json.dumps(m))
+    r = cli("hub", "submit", str(out))
+    assert r.exit_code == 2
+    assert errors(r.stderr) == [f"omni-export: error: {out} was built without sources/ (the ONNX AI Hub compiles "
+                                f"from); rebuild it with --keep-sources (or --hub)"]
+    assert created(hub) == {"compile": 0, "quantize": 0, "inference": 0}
 
 
 def test_the_fake_rejects_what_the_real_service_or_client_would(hub, out):

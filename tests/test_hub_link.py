@@ -21,7 +21,7 @@ def spark_dlc(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("spark_link") / "out"
     run_cli("spark", "--target", "s25-htp", "--out", str(out), "-p", "fp16", "-f", "dlc", "--no-attribution",
-            "-q", *FAST, check=True)
+            "--keep-sources", "-q", *FAST, check=True)
     return out
 
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from conftest import run_cli
 
 BUILD = ["qwen3-tts", "--target", "s25-htp", "--formats", "onnx", "--precision", "fp16",
-         "--components", "text_projection", "--no-attribution", "-q"]
+         "--components", "text_projection", "--no-attribution", "--keep-sources", "-q"]
 ONNX = "qwen3-tts-text_projection-fp16-s25-htp.onnx"
 SOURCE = "sources/qwen3-tts-text_projection-fp32-s25-htp.onnx"
 ERROR = "omni-export: error: "

@@ -35,7 +35,7 @@ def model(tiny, tmp_path_factory):
 def fp16_build(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("spark_build") / "out"
     run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "fp16",
-            "-f", "onnx,ctx", "--no-attribution", "-q", *FAST, check=True)
+            "-f", "onnx,ctx", "--no-attribution", "--keep-sources", "-q", *FAST, check=True)
     return out
 
 

@@ -91,7 +91,8 @@ class BuildCache:
                      "checkpoint": self.checkpoint["digest"], "toolchain": toolchain,
                      "target": [t.name, t.soc, t.soc_model, t.htp_arch], "rewrites": list(rewrites),
                      "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None),
-                     "htp_finalize": getattr(opts, "htp_finalize", None)}
+                     "htp_finalize": getattr(opts, "htp_finalize", None),
+                     **({"keep_sources": True} if getattr(opts, "keep_sources", False) else {})}
         self.keys: dict[str, str] = {}            # component -> component key (this run)
         self.hits: set[str] = set()
 

@@ -180,5 +180,5 @@ def _why_not(manifest: dict, target: Target, b: dict) -> str | None:
     sources = manifest["components"].get(b["component"], {}).get("sources") or {}
     src = sources.get(source_key(Precision(b["precision"])))
     if not src or "path" not in src:
-        return (src or {}).get("error") or "the build kept no source ONNX (rebuilt before sources/ existed)"
+        return (src or {}).get("error") or "the build kept no source ONNX in sources/ (rebuild with --keep-sources)"
     return None

@@ -64,7 +64,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
     if hub is None or hub.client is None:
         hub = (hub or Hub()).connect()          # the token is checked before OUT is touched
     if (store.root / MANIFEST).exists():
-        read_manifest(store.root)               # damaged, or listing a file outside OUT: refused untouched
+        no_sources(store.root, read_manifest(store.root))   # damaged, or listing a file outside OUT: refused untouched
     m = store.amend("hub")
     start = _content(m)
     try:
@@ -110,6 +110,14 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         store.abort()
         raise
     return Outcome(m, exit_code(m), notes(m))
+
+
+def no_sources(out: Path, m: dict) -> None:
+    """A build made without --keep-sources (or --hub) kept no sources/: nothing AI Hub could compile."""
+    if (m.get("options") or {}).get("keep_sources") is False and \
+            not any("sources" in c for c in (m.get("components") or {}).values()):
+        raise UsageError(f"{out} was built without sources/ (the ONNX AI Hub compiles from); rebuild it with "
+                         f"--keep-sources (or --hub)")
 
 
 def _wait(tasks: list[BuildJobs], hub: Hub, timeout_s: float, progress) -> None:

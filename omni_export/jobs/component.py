@@ -423,7 +423,7 @@ class ComponentJobs:
     def _finalize(self) -> None:
         entries = [e for e in self.entries if e is not None]
         _link_attribution(entries, self.attribution)
-        kept = self._keep_for_hub(entries) if self.ref else {}
+        kept = self._keep_for_hub(entries) if self.ref and self.run.opts.keep_sources else {}
         rewrites = next((s.get("rewrite_report") for s in self.states.values() if s.get("rewrite_report")), [])
         # The intermediate graphs are done with: at 1.7B a talker graph's come to ~12 GB.
         shutil.rmtree(self.work, ignore_errors=True)

@@ -30,6 +30,7 @@ class RunOptions:
     htp_finalize: str | None = DEFAULT_FINALIZE    # QNN HTP graph finalization mode (qnn_ep); None: QNN's
     max_memory: int | None = None                  # bytes the build's process tree should stay under; None: what is free
     executor: str = "local"                        # local | ray[:ADDRESS] (jobs/ray_executor.py)
+    keep_sources: bool = False                     # keep sources/ (the ONNX AI Hub compiles from): --keep-sources, --hub
 
 
 @dataclass

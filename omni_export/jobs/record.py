@@ -103,7 +103,7 @@ def manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, s
                     "attribution": opts.attribution, "rewrites": list(rewrites(opts)), "jobs": opts.jobs,
                     "gates_db": {p.value: v for p, v in opts.gates.items()},
                     "sim_samples": opts.sim_samples, "htp_optimization": opts.htp_finalize,
-                    "recipe_options": recipe_options(opts)},
+                    "keep_sources": opts.keep_sources, "recipe_options": recipe_options(opts)},
         "toolchain": mf.toolchain(),
         "host": mf.host(),
         "components": components,
