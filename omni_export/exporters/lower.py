@@ -6,6 +6,7 @@ programs, files and named tensors -- never a model.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 from collections.abc import Sequence
@@ -208,7 +209,7 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            with self._hold("qnn-dlc"):
+            with self._hold("qnn-dlc"), self._diagnosed(src, opts):
                 dlc = isolated(_big(src), qnn_ep.compile_dlc, src, staging / "dlc", opts)
             shutil.move(str(dlc), out)
             shutil.rmtree(staging / "dlc", ignore_errors=True)
@@ -220,7 +221,7 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
-            with self._hold("qnn-compile"):
+            with self._hold("qnn-compile"), self._diagnosed(src, opts):
                 ctx, binary = isolated(_big(src), qnn_ep.compile_context, src, out, opts)
             d = self._details(p, qnn=True)
             d["wrapper"] = "EPContext .onnx (ONNX Runtime QNN EP); the *_qnn.bin is the raw QNN context binary"
@@ -236,6 +237,20 @@ class Lowering:
         raise ValueError(f"no exporter for {spec.format}")
 
     # ---- helpers
+    @contextlib.contextmanager
+    def _diagnosed(self, src: Path, opts: dict):
+        """A QNN compile of `src` that fails raises a QnnCompileError naming the node QNN refused, its
+        op type and shapes, and the rewrite that may avoid it (qnn_diagnose.py), when QNN's log says."""
+        try:
+            yield
+        except Exception as e:
+            from ..artifacts.store import is_disk_full
+            from ..qnn_diagnose import compile_failure
+
+            if is_disk_full(e):
+                raise
+            raise compile_failure(e, src, opts, self.rewrites) from e
+
     def _hold(self, kind: str):
         """Hold this graph's reservation for a heavy step of `kind` on the memory gate (alone when
         memory.runs_alone says so and the gate keeps those alone)."""

@@ -100,6 +100,8 @@ class Rewrite:
     graph_pass: bool = False
     # which matching nodes the rewrite changes (counted as replaced); None: all of them
     when: Callable | None = None
+    # the ONNX op types the replaced op exports as: a QNN failure on one names this rewrite (qnn_diagnose)
+    onnx_ops: tuple[str, ...] = ()
 
 
 def barrier(graph, node) -> None:
@@ -118,17 +120,18 @@ ACTIVATIONS = (torch.ops.aten.sigmoid.default, torch.ops.aten.tanh.default, torc
 
 REWRITES: dict[str, Rewrite] = {
     "sin_poly": Rewrite("sin_poly", torch.ops.aten.sin.default, sin_poly,
-                        "sin -> range reduction to [-pi/2, pi/2] + odd polynomial to z^11"),
+                        "sin -> range reduction to [-pi/2, pi/2] + odd polynomial to z^11", onnx_ops=("Sin",)),
     "pow_mul": Rewrite("pow_mul", torch.ops.aten.pow.Tensor_Scalar, pow_mul,
-                       "x ** n (n = 2..4) -> repeated multiply; HTP's fp16 Pow loses ~30 dB on x ** 2"),
+                       "x ** n (n = 2..4) -> repeated multiply; HTP's fp16 Pow loses ~30 dB on x ** 2", onnx_ops=("Pow",)),
     "conv_polyphase": Rewrite("conv_polyphase", torch.ops.aten.conv1d.default, conv_polyphase,
                               "strided Conv1d -> stride-1 Conv1d over the input folded into its phases; the "
                               "HTP's strided conv broke on long inputs (QNN 2.51 simulator, fp16: stride 3 over "
                               "16000 samples 3.5 dB, stride 15 over 24001 -1.2 dB; stride 1 68.7 dB)",
-                              when=_strided_conv1d),
+                              when=_strided_conv1d, onnx_ops=("Conv",)),
     "act_barrier": Rewrite("act_barrier", ACTIVATIONS, barrier,
                            "sigmoid / tanh / GELU / SiLU fed through an exact x*2*0.5, so the HTP does not "
-                           "fuse them into a MatMul/Conv epilogue (15-25 dB lost there)", graph_pass=True),
+                           "fuse them into a MatMul/Conv epilogue (15-25 dB lost there)", graph_pass=True,
+                           onnx_ops=("Sigmoid", "Tanh", "Gelu", "Erf")),
 }
 
 

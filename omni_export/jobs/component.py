@@ -163,7 +163,8 @@ class ComponentJobs:
                 "capture": dict(cc) if cc else None, "weight_bytes": _weight_bytes(traced.module),
                 "parity_npz": repro.parity_inputs_npz(traced), "audio": audio, "counts": counts,
                 "logits": list(traced.logits), "output_names": traced.output_names,
-                "input_names": traced.input_names, "block_chain": isinstance(traced.module, BlockChain)}
+                "input_names": traced.input_names, "block_chain": isinstance(traced.module, BlockChain),
+                "block_names": list(getattr(traced.module, "block_names", ()))}
 
     def _traced(self, job: Job) -> None:
         from ..artifacts.samples import keep_audio
@@ -275,9 +276,14 @@ class ComponentJobs:
 
             if is_disk_full(job.error):
                 raise job.error
-            reason = f"lowering failed: {short(job.error)}"
+            from ..qnn_diagnose import describe, named
+
+            diagnosis = named(job.error, self.info.get("block_names") or ())   # the node QNN refused
+            reason = f"lowering failed: {describe(diagnosis) if diagnosis else short(job.error)}"
             self.entries[i] = _failed(self._entry(spec), self.thresholds[spec.precision], reason,
                                       self._lowered[i]["seconds"])
+            if diagnosis:
+                self.entries[i]["diagnosis"] = diagnosis
             self._line(job, reason, failed=True)
         else:
             crash_point("lowered")
@@ -340,7 +346,9 @@ class ComponentJobs:
         samples = self._lowered[i].get("samples")
         t_lower = self._lowered[i]["seconds"]
         if job.error is not None:
-            error = f"runner failed: {short(job.error)}"
+            from ..qnn_diagnose import run_failure
+
+            error = run_failure(short(job.error), runner.kind)
             self.run.store.commit(built.files, accepted=False)
             self.entries[i] = _failed(entry, threshold, error, t_lower, runner=runner.to_json())
             self._line(job, error, failed=True)
@@ -380,13 +388,14 @@ class ComponentJobs:
         self._close(job)
 
     # ------------------------------------------------------------------------------------ attribution
-    def _add_attribution(self, p: Precision, on_cpu: bool) -> None:
+    def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None) -> None:
         from . import work
 
         deps = (self._id("trace"),)
         self._add(Job(self._id("attribute", p.value), "attribute", deps,
-                      label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU)" if on_cpu else ""),
-                      bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES)),
+                      label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU)" if on_cpu else "")
+                      + (f", block {only}" if only else ""),
+                      bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES, only)),
                       done=lambda job: self._attributed(job, p),
                       fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
 
@@ -407,8 +416,11 @@ class ComponentJobs:
         entries = [e for e in self.entries if e is not None]
         late = [p for p in _attribution_precisions(self.builds)
                 if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte" for e in entries)]
-        for p in late:
-            self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p))
+        for p in late:     # every rejection a QNN compile that named its node: that node's block alone
+            blocks = {(e.get("diagnosis") or {}).get("block") for e in entries
+                      if e["precision"] == p.value and e["status"] == "rejected" and e["format"] != "pte"}
+            only = blocks.pop() if len(blocks) == 1 else None
+            self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p), only=only)
         return bool(late)
 
     # ------------------------------------------------------------------------------------ finish
@@ -422,6 +434,9 @@ class ComponentJobs:
 
     def _finalize(self) -> None:
         entries = [e for e in self.entries if e is not None]
+        from ..qnn_diagnose import precision_notes
+
+        precision_notes(entries)        # did the same graph compile at another precision?
         _link_attribution(entries, self.attribution)
         kept = self._keep_for_hub(entries) if self.ref and self.run.opts.keep_sources else {}
         rewrites = next((s.get("rewrite_report") for s in self.states.values() if s.get("rewrite_report")), [])

@@ -155,9 +155,11 @@ def score(spec, ref: GraphRef, indices: list[int] | None):
     return run_job(spec, list(held) if indices is None else [held[i] for i in indices])
 
 
-def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, limit: int) -> list[dict]:
+def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, limit: int,
+              only: str | None = None) -> list[dict]:
     """Per block of a BlockChain: lower it alone at `precision`, feed it the fp32 activations in front
-    of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}."""
+    of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}.
+    `only`: that block alone (the block of the node a QNN compile refused, qnn_diagnose.py)."""
     from ..core import Precision
     from ..exporters.lower import Lowering
     from ..parity.metrics import score_outputs
@@ -170,6 +172,8 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
     rows = []
     for i, block in enumerate(trace_blocks(traced, heldout_limit=limit)):
         row = {"block": block.name.split(":", 1)[1]}
+        if only is not None and row["block"] != only:
+            continue
         try:
             lw = Lowering(block, lowering.target, Path(ref.work) / f"block{i}", **_lowering_kwargs(ref))
             spec = lw.cpu_runner(p) if on_cpu else lw.primary_runner(p)

@@ -1,0 +1,153 @@
+"""A QNN compile that fails names the node QNN refused, its op type and shapes, what may avoid it,
+and attribution lowers exactly that node's block (qnn_diagnose.py). Real QNN EP compiles of tiny
+ONNX graphs with CPU fallback disabled; no model is built."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from markupsafe import escape
+from onnx import TensorProto, helper
+
+from omni_export import qnn_ep
+from omni_export.qnn_diagnose import QnnCompileError, avoid, parse_log, precision_notes
+
+BLOCKS = ["rvq", "pre_conv", "pre_transformer"]
+
+
+def _graph(path: Path, op: str, shape: tuple, out_type=TensorProto.FLOAT, **attrs) -> Path:
+    """x -> Relu (block 0) -> `op` (block 1), node names and name scopes as the torch exporter writes them."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="node_relu"),
+             helper.make_node(op, ["h"], ["y"], name=f"node_{op.lower()}_1", **attrs)]
+    for n, scopes in zip(nodes, (["", "blocks.0", "relu"], ["", "blocks.1", "blocks.1.head", op.lower()])):
+        n.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=repr(scopes))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", out_type, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _compile(tmp_path: Path, src: Path, rewrites=()) -> QnnCompileError:
+    """A context-binary compile as Lowering.build runs it (CPU fallback disabled), its error diagnosed."""
+    from omni_export.exporters.lower import Lowering
+    from omni_export.targets import get_target
+
+    target = get_target("s25-htp")
+    lw = Lowering(None, target, tmp_path / "work", rewrites=rewrites)
+    opts = qnn_ep.provider_options(target.soc_model, target.htp_arch, fp16=True)
+    with pytest.raises(QnnCompileError) as info:
+        with lw._diagnosed(src, opts):
+            qnn_ep.compile_context(src, tmp_path / "m.ctx.onnx", opts)
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def argmax_error(tmp_path_factory) -> QnnCompileError:
+    """ArgMax with select_last_index=1: the QNN EP has an ArgMax builder, the HTP backend's validation
+    refuses this configuration; the session fails with "graph nodes ... assigned to the default CPU EP"
+    and nothing else."""
+    tmp = tmp_path_factory.mktemp("argmax")
+    return _compile(tmp, _graph(tmp / "m.onnx", "ArgMax", (2, 4), TensorProto.INT64, axis=1, select_last_index=1))
+
+
+def test_a_node_the_htp_rejects_is_named_with_its_op_type_shapes_and_reason(argmax_error):
+    """The diagnosis reads QNN's verbose log and the graph: node, op type, shapes, QNN's reason."""
+    e = argmax_error
+    msg = str(e)
+    assert msg.startswith("QNN could not compile node 'node_argmax_1' (ArgMax in blocks.1) "
+                          "(float32[2, 4] -> int64[2, 1]) [op config validation]: "), msg
+    assert "select_last_index=0" in msg and "no omni-export rewrite replaces ArgMax" in msg
+    d = e.diagnosis
+    assert (d["node"], d["op_type"], d["block_index"], d["class"]) == ("node_argmax_1", "ArgMax", 1, "op config validation")
+    assert "fallback to CPU EP has been explicitly disabled" in d["error"]          # what ORT said
+    assert "\n" not in msg
+
+
+def test_an_op_the_htp_has_none_of_names_the_node_and_a_rewrite_that_replaces_it(tmp_path):
+    """An op type QNN has no builder for is the other compile failure; a Sin would name sin_poly (off
+    for this target by default), an activation act_barrier (on: said so)."""
+    e = _compile(tmp_path, _graph(tmp_path / "m.onnx", "Det", (2, 3, 3)))
+    assert str(e).startswith("QNN could not compile node 'node_det_1' (Det in blocks.1) (float32[2, 3, 3] -> "
+                             "float32[2]) [unsupported op]: QNN has no Det op for the HTP"), str(e)
+    assert avoid("Sin") == "the sin_poly rewrite replaces Sin (--rewrites sin_poly)"
+    assert avoid("Sigmoid", ("pow_mul", "act_barrier")) == \
+        "the act_barrier rewrite replaces Sigmoid and was on; its ops still failed"
+
+
+def test_the_build_says_it_the_block_alone_is_attributed_and_the_report_shows_it(tmp_path, argmax_error):
+    """Through the component's jobs: the failed lowering's reason is the diagnosis with the block's name,
+    the manifest keeps it, attribution is planned for that block alone, and report.md / report.html
+    show the same reason."""
+    from omni_export.core import BuildSpec, Format, Precision
+    from omni_export.jobs.component import ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from omni_export.pipeline import RunOptions
+    from omni_export.recipes import get_recipe
+    from omni_export.reports import write_reports
+    from omni_export.reports.markdown import summary
+    from omni_export.targets import get_target
+    from synthetic import build, manifest, write_run
+
+
+    class Run:
+        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
+        store = type("S", (), {"root": tmp_path})()
+        progress = type("P", (), {"job_finished": lambda self, label, note: None})()
+
+        def gate(self, component, precision):
+            return 30.0
+
+    specs = [BuildSpec("qwen3-tts", "code2wav", Format.CTX, p, "s25-htp") for p in (Precision.FP16, Precision.W8A16)]
+    g = JobGraph()
+    cj = ComponentJobs(Run(), "code2wav", specs, g)
+    cj.plan()
+    cj.info = {"block_chain": True, "block_names": BLOCKS}
+    job = g.jobs["code2wav/lower/ctx/w8a16"]
+    job.state, job.error, job.started, job.ended = "failed", argmax_error, 1.0, 2.0
+    job.done(job)
+    e = cj.entries[1]
+    assert e["status"] == "rejected" and e["diagnosis"]["block"] == "pre_conv"
+    reason = e["parity"]["reason"]
+    assert reason.startswith("lowering failed: QNN could not compile node 'node_argmax_1' (ArgMax in block pre_conv)")
+
+    cj.entries[0] = {**build("ctx", "fp16", 50.0, 30.0), "precision": "fp16"}          # fp16 compiled and passed
+    assert cj._maybe_attribute()
+    attribute = g.jobs["code2wav/attribute/w8a16"]
+    assert attribute.bind(g.jobs)[1][-1] == "pre_conv" and attribute.label.endswith("block pre_conv")
+    precision_notes([x for x in cj.entries])
+    assert e["parity"]["reason"].endswith("; at fp16 the same graph compiled: that precision avoids it")
+
+    m = manifest([cj.entries[0], {**build("ctx", "w8a16", None, 30.0, error=e["parity"]["reason"]),
+                                  "diagnosis": e["diagnosis"]}])
+    import jsonschema
+
+    schema = Path(__file__).resolve().parents[1] / "omni_export" / "schemas" / "manifest.schema.json"
+    jsonschema.validate(json.loads(json.dumps(m)), json.loads(schema.read_text()))
+    out = write_run(tmp_path / "out", m)
+    write_reports(out, m)
+    shown = e["parity"]["reason"]
+    assert str(escape(shown)) in (out / "report.html").read_text()
+    assert "node\\_argmax\\_1" in summary(m) or "node_argmax_1" in summary(m)
+
+
+def test_the_log_parser_reads_each_failure_class():
+    log = ("\x1b[1;31m2026 [E:onnxruntime:, qnn_execution_provider.cc:2453 GetCapabilityImpl] Unsupported nodes in "
+           "QNN EP: { name: a/Det, type: Det }, { name: b/Foo, type: Foo }, \x1b[m\n")
+    assert [(x["node"], x["op_type"], x["class"]) for x in parse_log(log)] == [
+        ("a/Det", "Det", "unsupported op"), ("b/Foo", "Foo", "unsupported op")]
+    fin = ("[E:onnxruntime:, qnn_model.cc:1 FinalizeGraphs] Failed to finalize QNN graph. Error code: 1002 "
+           "QNN_COMMON_ERROR_MEM_ALLOC on node_conv_7\n")
+    [x] = parse_log(fin)
+    assert x["class"] == "finalize" and x["node"] is None and "node_conv_7" in x["errors"][0]
+    assert parse_log("[I:onnxruntime:] nothing wrong\n") == []
+
+
+def test_a_simulator_run_failure_says_so_and_other_runners_keep_their_words():
+    from omni_export.qnn_diagnose import run_failure
+
+    assert run_failure("RuntimeError: QNN graph execute failed", "qnn-htp") == (
+        "runner failed: the HTP simulator could not run the compiled graph [simulator run]: "
+        "RuntimeError: QNN graph execute failed")
+    assert run_failure("RuntimeError: x", "ort-cpu") == "runner failed: RuntimeError: x"
