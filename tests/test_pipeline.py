@@ -472,6 +472,16 @@ def test_report_html_of_the_demo_renders_in_headless_chromium(demo_run, tmp_path
     assert near((77, 144, 81)) > 2000 and near((207, 72, 72)) > 2000    # accepted and rejected SNR bars
 
 
+def test_the_demo_reports_rows_are_drawn_in_their_manifest_verdicts_colour_in_a_browser(demo_run):
+    """Playwright driving Chromium on the demo's report.html, which has rejected rows (w8a16): no
+    console or page error, each row's colour class, chip colour and words are its manifest verdict."""
+    from browser import check_report
+
+    _, out = demo_run
+    rows = check_report(out)
+    assert {r["cls"] for r in rows} == {"accepted", "rejected"}
+
+
 def test_slow_runners_score_a_spread_subset_only_of_heavy_graphs():
     from omni_export.jobs.component import HEAVY_BYTES, SLOW_SAMPLES
     from omni_export.jobs.plan import RunOptions

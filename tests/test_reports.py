@@ -378,3 +378,17 @@ def test_every_row_says_what_its_verdict_rests_on():
                                                  "not run itself", "12 samples"]
     text = summary(m)
     assert "(2 of 12 samples; shares the ctx build's run, not run itself) |" in text and "(12 samples) |" in text
+
+
+def test_an_output_gated_by_agreement_shows_its_agreement_in_both_reports(tmp_path):
+    """report.md showed "—" and report.html's tables "—" for the fused frame's SNR (issue 37): the
+    gated codes give their agreement, the raw figure beside an excused one."""
+    m = manifest([build("ctx", "fp16", 50.0, 40.0)])
+    m["builds"][0]["parity"]["outputs"] = [{"name": "codes", "snr_db": None, "psnr_db": None, "agreement": 1.0,
+                                            "agreement_raw": 0.733, "finite": True}]
+    said = "codes agreement 100.0% (raw 73.3%, near ties excused)"
+    assert f"| htp-sim | {said} | — |" in summary(m)
+    write_run(tmp_path / "out", m)
+    write_reports(tmp_path / "out", m)
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.count(f'<td class="num">{said}</td>') == 2            # the verdict row and the per-output row

@@ -182,3 +182,12 @@ def test_parity_inputs_are_small_hashed_and_hold_inputs_and_references(fp16_buil
     inputs, refs = read_parity_inputs(p)
     assert len(inputs) == len(refs) == rec["samples"] == 2
     assert inputs[0]["codes"].dtype == np.int32 and refs[0]["wav"].shape == (1, 1, 2 * 1920)     # N new frames only
+
+
+def test_the_reports_rows_are_drawn_in_their_manifest_verdicts_colour_in_a_browser(fp16_build):
+    """report.html in headless Chromium (Playwright): no console or page error, every build row in
+    the colour and words of its manifest verdict (tests/browser.py)."""
+    from browser import check_report
+
+    rows = check_report(fp16_build)
+    assert {r["key"].split("/")[1] for r in rows} == {"onnx", "dlc", "ctx", "pte"}

@@ -13,8 +13,8 @@ from ..hub.profile import split
 from ..hub.rtf import lines as rtf_lines
 from . import audio, figures
 from .hub import device_rows
-from .view import (E2E_GATE_NOTE, BuildRow, build_rows, caveats, components_without_accepted, fmt_db,
-                   human_bytes, short_sha, weakest_blocks)
+from .view import (E2E_GATE_NOTE, BuildRow, agreement_note, build_rows, caveats, components_without_accepted,
+                   fmt_db, human_bytes, short_sha, weakest_blocks)
 
 
 def render(root: Path, m: dict, regated: dict | None = None) -> str:
@@ -41,7 +41,7 @@ def _environment():
     env = Environment(loader=PackageLoader("omni_export.reports", "templates"),
                       autoescape=select_autoescape(["html", "j2"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha, units=split)
+    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha, units=split, agreement=agreement_note)
     return env
 
 
@@ -67,12 +67,7 @@ def _bars(rows: list[BuildRow]) -> list[dict]:
 
 def _no_snr_note(o: dict) -> str:
     """What a bar without an SNR says: an output gated by agreement (codes) gives its agreement."""
-    agree = o.get("agreement")
-    if agree is None:
-        return o.get("note", "NaN/Inf")
-    raw = o.get("agreement_raw")
-    extra = f" (raw {100 * raw:.1f}%, near ties excused)" if raw is not None and raw != agree else ""
-    return f"{o['name']} agreement {100 * agree:.1f}%{extra}"
+    return o.get("note", "NaN/Inf") if o.get("agreement") is None else agreement_note(o)
 
 
 def _attribution(att: dict, rows: list[BuildRow]) -> dict | None:

@@ -93,8 +93,15 @@ def _regated_note(regated: dict) -> str:
 def _table_row(r: BuildRow) -> str:
     verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
     runner = f"{md(r.runner)} ({r.scored})" if r.scored else md(r.runner)
-    return (f"| {md(r.component)} | {md(r.format)} | {md(r.precision)} | {runner} | {fmt_db(r.min_snr_db)} | "
+    return (f"| {md(r.component)} | {md(r.format)} | {md(r.precision)} | {runner} | {_snr_cell(r)} | "
             f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")
+
+
+def _snr_cell(r: BuildRow) -> str:
+    """The lowest gated SNR; outputs gated by agreement (codes) give their agreement instead of "—"."""
+    if not r.agreement:
+        return fmt_db(r.min_snr_db)
+    return (f"{fmt_db(r.min_snr_db)}; " if r.min_snr_db is not None else "") + md(r.agreement)
 
 
 def _rejected(rows: list[BuildRow], regated: dict | None) -> list[str]:

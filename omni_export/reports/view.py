@@ -53,6 +53,12 @@ class BuildRow:
     def label(self) -> str:
         return f"{self.component} {self.format} {self.precision}"
 
+    @property
+    def agreement(self) -> str:
+        """The gated outputs scored by agreement (codes), for the SNR column: `codes 100.0% (raw 73.3%,
+        near ties excused)`; "" when every gated output has an SNR."""
+        return "; ".join(agreement_note(o) for o in gated(self.outputs, self.gated) if o.get("agreement") is not None)
+
 
 def _snr_key(o: dict) -> float:
     v = num(o.get("snr_db"))
@@ -123,6 +129,13 @@ def weakest_blocks(m: dict) -> list[dict]:
                 out.append({"component": comp, "precision": prec, "block": r["block"], "snr_db": r["snr_db"],
                             "note": ""})
     return out
+
+
+def agreement_note(o: dict) -> str:
+    """An output gated by agreement (codes) in words, with its raw agreement beside the excused one."""
+    agree, raw = o["agreement"], o.get("agreement_raw")
+    extra = f" (raw {100 * raw:.1f}%, near ties excused)" if raw is not None and raw != agree else ""
+    return f"{o['name']} agreement {100 * agree:.1f}%{extra}"
 
 
 def fmt_db(x) -> str:
