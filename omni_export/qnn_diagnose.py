@@ -189,7 +189,10 @@ def compile_failure(e: BaseException, model: Path, options: dict, rewrites_on: t
     """`e` from a QNN compile of `model`, as a QnnCompileError naming the node when QNN's log does."""
     if isinstance(e, QnnCompileError):
         return e
-    d = diagnose(model, options, rewrites_on)
+    try:
+        d = diagnose(model, options, rewrites_on)
+    except Exception:              # a diagnosis that fails must not hide the compile's own error
+        return e
     if not d:
         return e
     d["error"] = " ".join(str(e).split())[:300]
