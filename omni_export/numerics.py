@@ -18,6 +18,8 @@ VERSIONS = {
                       # 2: no Python stack traces (source paths) in the nodes' metadata
     "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
     "quantize": 1,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
+    "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
+                      # 2: int4 only for MatMul / Conv weights (int8 other constants), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
     "pte": 1,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py
     "parity": 1,      # scores and verdicts: parity/metrics.py, parity/gate.py, parity/runners.py
@@ -35,6 +37,8 @@ def for_build(fmt: Format, precision: Precision) -> dict[str, int]:
             parts.append("fp16")
         elif precision.quantized:
             parts.append("quantize")
+            if precision == Precision.W4A16:
+                parts.append("int4")
         if fmt in (Format.DLC, Format.CTX):
             parts.append("qnn")
     return {p: VERSIONS[p] for p in sorted(parts)}

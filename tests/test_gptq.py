@@ -57,10 +57,16 @@ def _weights(path):
             if n.op_type == "DequantizeLinear" and n.input[0] in inits and inits[n.input[0]].ndim >= 2}
 
 
-@pytest.mark.parametrize("precision,per_channel,min_gain", [(Precision.W8A16, True, 3.0),
-                                                            (Precision.W8A16, False, 3.0),
-                                                            (Precision.W4A16, True, 3.0)])
-def test_gptq_keeps_the_grid_and_beats_nearest_on_heldout(tmp_path, precision, per_channel, min_gain):
+@pytest.mark.parametrize("precision,per_channel,min_gain,block", [(Precision.W8A16, True, 3.0, None),
+                                                                  (Precision.W8A16, False, 3.0, None),
+                                                                  (Precision.W4A16, True, 3.0, None),
+                                                                  (Precision.W4A16, False, 3.0, 16)])
+def test_gptq_keeps_the_grid_and_beats_nearest_on_heldout(tmp_path, monkeypatch, precision, per_channel, min_gain,
+                                                          block):
+    """block: w4a16's int4 scales per block of `block` input rows (exporters/onnx.int4_blocks): GPTQ keeps
+    each block's scale."""
+    if block:
+        monkeypatch.setattr(ox, "INT4_BLOCK", block)
     rng = np.random.default_rng(0)
     src = _model(tmp_path / "m.onnx", rng)
     mix = rng.standard_normal((IN, IN)) * np.geomspace(3, 0.03, IN)[:, None]
@@ -85,6 +91,8 @@ def test_gptq_keeps_the_grid_and_beats_nearest_on_heldout(tmp_path, precision, p
         assert (qo.astype(np.int64) != qn.astype(np.int64)).mean() > 0.05     # integers did change
     if per_channel:
         assert all(np.asarray(wo[n][1]).size > 1 for n in wo)
+    if block:
+        assert sorted(np.shape(wo[n][1]) for n in wo) == [(IN // block, HID), (HID // block, OUT)]
 
     report = json.loads(gptq.sidecar(ours).read_text())
     assert report["summary"]["weights_rounded"] == 2 and report["summary"]["skipped"] == 0

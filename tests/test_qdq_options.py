@@ -326,3 +326,57 @@ def test_external_weights_quantize_the_same_in_a_child_mapping_its_calibration(t
                        [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]))
     assert models[0] == models[1] and len(models[0][0]) > 4
     assert sorted(p.name for p in src.parent.iterdir()) == ["mlp.onnx", "mlp.onnx.data"]
+
+
+def _outlier_block(path, rng, k=1024):
+    """x [1, 16, k] -> MatMul(W1 [k, 64]) -> LayerNorm -> y. Input row 3 of W1 is 40x the others (an outlier
+    input channel, as trained LLM weights have): an int4 scale per W1 column (per channel) or for all of W1
+    (per tensor) is set by it and the other rows round to zero; a scale per block of input rows loses
+    only the rows in the outlier's block."""
+    w1 = rng.standard_normal((k, 64)).astype(np.float32) * 0.05
+    w1[3] *= 40
+    inits = [numpy_helper.from_array(w1, "w1"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(64)).astype(np.float32), "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(64)).astype(np.float32), "beta")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=-1, name="norm")]
+    g = helper.make_graph(nodes, "outlier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(path))
+    return path
+
+
+def test_w4a16_block_int4_beats_per_tensor_on_outlier_channels_and_compiles_for_the_htp(tmp_path):
+    """w4a16: int4 only for the MatMul weights (the LayerNorm's gamma stays int8: QNN's HTP LayerNorm
+    refuses a 4-bit gamma, which failed Code2Wav's w4a16 context binary), one scale per block of
+    INT4_BLOCK input rows; scored against per-tensor and per-channel int4 on ORT CPU, compiled and run on
+    the HTP simulator."""
+    from omni_export import qnn_ep
+    from omni_export.parity.metrics import snr
+
+    rng = np.random.default_rng(0)
+    src = _outlier_block(tmp_path / "m.onnx", rng)
+    calib = [{"x": rng.standard_normal((1, 16, 1024)).astype(np.float32)} for _ in range(8)]
+    held = [{"x": rng.standard_normal((1, 16, 1024)).astype(np.float32)} for _ in range(2)]
+    ref = np.concatenate([r[0] for r in _run(src, held)])
+    q = {k: ox.quantize_qdq(src, tmp_path / k / "q.onnx", calib, Precision.W4A16, int4_weights=k)
+         for k in ox.INT4_WEIGHTS}
+    db = {k: snr(ref, np.concatenate([r[0] for r in _run(p, held)])) for k, p in q.items()}
+    assert db["block"] > db["tensor"] + 9 and db["block"] > db["channel"] + 9, db
+
+    m = onnx.load(str(q["block"]))
+    inits = {i.name: i for i in m.graph.initializer}
+    dq = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    w1 = next(n for n in dq.values() if inits[n.input[0]].dims == [1024, 64])
+    assert inits[w1.input[0]].data_type == TensorProto.INT4
+    assert {a.name: a.i for a in w1.attribute} == {"axis": 0, "block_size": ox.INT4_BLOCK}
+    assert list(inits[w1.input[1]].dims) == [1024 // ox.INT4_BLOCK, 64]
+    gamma = next(n for k, n in dq.items() if list(inits[k].dims) == [64] and inits[k].data_type != TensorProto.INT32)
+    assert inits[gamma.input[0]].data_type in (TensorProto.UINT8, TensorProto.INT8)
+    assert ox.weight_bits(q["block"]) == {"4": 1.0}
+
+    session = qnn_ep.session(q["block"], qnn_ep.provider_options("69", "79", fp16=False, finalize="1"))
+    htp = np.concatenate([session.run(None, h)[0] for h in held])
+    assert snr(ref, htp) > db["tensor"] + 9, (snr(ref, htp), db)

@@ -136,7 +136,7 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
             rec, q = _round_one(t, w, hessians[t["x"]], inits)
             report["weights"].append(rec)
             if q is not None:
-                new = numpy_helper.from_array(q, t["weight"])
+                new = q if isinstance(q, onnx.TensorProto) else numpy_helper.from_array(q, t["weight"])
                 inits[t["weight"]].CopyFrom(new)
         del hessians, fp32_weights
     report["summary"] = summary(report["weights"], len(skipped))
@@ -229,21 +229,29 @@ def _rows(x: np.ndarray, cols: int) -> np.ndarray:
     return np.moveaxis(x, 1, -1).reshape(-1, cols)
 
 
-def _grid(t, inits, rows: int):
-    """Scale, zero point (per row, float64) and the integer bounds the quantizer's integers use."""
+def _grid(t, inits, rows: int, cols: int):
+    """Scale, zero point (per row [rows], or per row and input column [rows, cols] for block-quantized
+    weights; float64) and the integer bounds the quantizer's integers use."""
     from onnx import numpy_helper
 
     dq = t["dq"]
     q0 = numpy_helper.to_array(inits[dq.input[0]])
-    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64).reshape(-1)
-    zp = (numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64).reshape(-1)
+    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+    zp = (numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
           if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale))
+    ints = q0.astype(np.int64)
+    lo, hi = int(ints.min()), int(ints.max())
+    block = next((a.i for a in dq.attribute if a.name == "block_size"), 0)
+    if block:                            # blocks of input columns: [K/b, N] (MatMul) or [N, K/b, 1, 1] (Conv)
+        per = scale.T if t["op"] == "MatMul" else scale.reshape(rows, -1)
+        zper = zp.T if t["op"] == "MatMul" else zp.reshape(rows, -1)
+        return np.repeat(per, block, axis=1), np.repeat(zper, block, axis=1), lo, hi, q0.dtype
+    scale, zp = scale.reshape(-1), zp.reshape(-1)
     if scale.size not in (1, rows) or (scale.size == rows > 1 and t["axis"] != t["row_axis"]):
         return None                      # not one scale per output channel, nor one for all
     scale = np.broadcast_to(scale, (rows,)).copy()
     zp = np.broadcast_to(zp, (rows,)).copy()
-    ints = q0.astype(np.int64)
-    return scale, zp, int(ints.min()), int(ints.max()), q0.dtype
+    return scale, zp, lo, hi, q0.dtype
 
 
 def _round_one(t, w: np.ndarray, H: Moments, inits):
@@ -251,7 +259,7 @@ def _round_one(t, w: np.ndarray, H: Moments, inits):
     W = (w.T if t["op"] == "MatMul" else w.reshape(w.shape[0], w.shape[1])).astype(np.float64)   # [rows, cols]
     rows, cols = W.shape
     t["row_axis"] = 1 if t["op"] == "MatMul" else 0          # the initializer's output-channel axis
-    grid = _grid(t, inits, rows)
+    grid = _grid(t, inits, rows, cols)
     rec = {"node": t["node"], "shape": [rows, cols]}
     if grid is None:
         rec.update(kept="nearest", why="quantization scales are not per output channel nor per tensor")
@@ -262,6 +270,10 @@ def _round_one(t, w: np.ndarray, H: Moments, inits):
     if rec["kept"] != "gptq":
         return rec, None
     q = ints.T if t["op"] == "MatMul" else ints.reshape(inits[t["weight"]].dims)
+    if "int4" in str(dtype):
+        from .onnx import _int4_tensor
+
+        return rec, _int4_tensor(t["weight"], np.ascontiguousarray(q).astype(np.int8))
     return rec, np.ascontiguousarray(q).astype(dtype)
 
 
@@ -289,7 +301,7 @@ def _gptq(W, H, scale, zp, lo, hi) -> np.ndarray | None:
             damp *= 10
     else:
         return None
-    s, z = scale[:, None], zp[:, None]
+    s, z = _per_column(scale, W.shape)[:, perm], _per_column(zp, W.shape)[:, perm]
     Q = np.empty_like(W)
     for i1 in range(0, cols, BLOCK):
         i2 = min(i1 + BLOCK, cols)
@@ -298,9 +310,10 @@ def _gptq(W, H, scale, zp, lo, hi) -> np.ndarray | None:
         Hb = Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             w = W1[:, i:i + 1]
-            qi = np.clip(np.round(w / s + z), lo, hi)
-            Q[:, i1 + i:i1 + i + 1] = qi
-            err = (w - (qi - z) * s) / Hb[i, i]
+            c = slice(i1 + i, i1 + i + 1)
+            qi = np.clip(np.round(w / s[:, c] + z[:, c]), lo, hi)
+            Q[:, c] = qi
+            err = (w - (qi - z[:, c]) * s[:, c]) / Hb[i, i]
             W1[:, i:] -= err @ Hb[i:i + 1, i:]
             Err[:, i:i + 1] = err
         W[:, i2:] -= Err @ Hinv[i1:i2, i2:]
@@ -342,13 +355,14 @@ def linear_hessians(module, calibration: Sequence[Sequence], names: Sequence[str
 
 def round_rows(W: np.ndarray, H: Moments, scale: np.ndarray, lo: int, hi: int,
                zp: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Integers for W [rows, cols] on the grid (per-row `scale`, zero point `zp`, bounds lo..hi).
+    """Integers for W [rows, cols] on the grid (`scale`, zero point `zp` per row [rows] or per element
+    [rows, cols] for block scales; bounds lo..hi).
 
     GPTQ fitted to one half of the calibration rows must beat nearest rounding on the other half
     (the layer's output error there); then the integers are GPTQ's on all rows, else nearest.
     Returns (integers, record: output SNRs on the check half and on all rows, which was kept)."""
     zp = np.zeros_like(scale) if zp is None else zp
-    s, z = scale[:, None], zp[:, None]
+    s, z = _per_column(scale, W.shape), _per_column(zp, W.shape)
     nearest = np.clip(np.round(W / s + z), lo, hi)
 
     def db(ints, h):
@@ -368,6 +382,11 @@ def round_rows(W: np.ndarray, H: Moments, scale: np.ndarray, lo: int, hi: int,
         return nearest, {**rec, "kept": "nearest", "why": "Hessian not positive definite"}
     rec["gptq_db"] = round(db(ints, full), 2)
     return ints, {**rec, "kept": "gptq"}
+
+
+def _per_column(a: np.ndarray, shape) -> np.ndarray:
+    """A per-row [rows] or per-element [rows, cols] scale / zero point as [rows, cols]."""
+    return np.broadcast_to(a[:, None] if a.ndim == 1 else a, shape)
 
 
 def summary(records: Sequence[dict], skipped: int = 0) -> dict:

@@ -266,7 +266,7 @@ class Lowering:
         return step_bytes(kind, self.weight_bytes)
 
     def _details(self, p: Precision, qnn: bool = False) -> dict:
-        from .onnx import OPSET
+        from .onnx import INT4_BLOCK, OPSET
 
         d = {"opset": OPSET, "rewrites": self.rewrite_report}
         if p.quantized:
@@ -274,15 +274,20 @@ class Lowering:
             # MatMul) unless the component lowers its linears as Conv (per_channel_linears).
             d["scheme"] = {"w8a16": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint16 activations (MinMax)",
                            "w8a8": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint8 activations (MinMax)",
-                           "w4a16": "QDQ: int4 symmetric weights (Conv per channel, MatMul per tensor), uint16 activations "
-                                    "(MinMax)"}[p.value]
+                           "w4a16": f"QDQ: int4 symmetric MatMul / Conv weights (per block of {INT4_BLOCK} input channels "
+                                    "for MatMul and 1x1 Conv, else per output channel), int8 other constants, uint16 "
+                                    "activations (MinMax)"}[p.value]
             d["calibration_samples"] = len(self.traced.calibration)
             from .onnx import HEADROOM
 
             d["activation_headroom"] = self.headroom.get(p, HEADROOM[p])
             if self.per_channel_linears:
-                d["scheme"] += "; linears as 1x1 Conv: per-output-channel weights"
+                d["scheme"] += "; linears as 1x1 Conv" + ("" if p == Precision.W4A16 else ": per-output-channel weights")
             d["weight_rounding"] = self._rounding(p)
+            if p.value in self._onnx:
+                from .onnx import weight_bits
+
+                d["weight_bits"] = weight_bits(self._onnx[p.value])
         elif p == Precision.FP16:
             d["scheme"] = ("HTP fp16 (enable_htp_fp16_precision) from the fp16 ONNX" if qnn
                            else "fp16 weights and compute, fp32 I/O (Cast at the edges)")

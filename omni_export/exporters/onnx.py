@@ -502,10 +502,12 @@ HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
                  headroom: float | None = None, per_channel_linears: bool = False,
-                 weight_rounding: str = "nearest", calibrate_once: bool = True) -> Path:
-    """Static QDQ for the HTP: int8 (w8a16, w8a8) or signed symmetric int4 (w4a16) weights (per channel
-    for Conv; per tensor for MatMul, which the QNN EP cannot take per channel, unless
-    `per_channel_linears` lowers the linears as 1x1 Conv first),
+                 weight_rounding: str = "nearest", calibrate_once: bool = True,
+                 int4_weights: str = "block") -> Path:
+    """Static QDQ for the HTP: int8 weights (w8a16, w8a8; per channel for Conv, per tensor for MatMul,
+    which ONNX Runtime's QNN config quantizes per tensor, unless `per_channel_linears` lowers the
+    linears as 1x1 Conv first), or for w4a16 signed symmetric int4 weights for every MatMul / Conv /
+    ConvTranspose weight laid out as `int4_weights` says (INT4_WEIGHTS) and int8 for the other constants,
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
     (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them.
     `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
@@ -522,11 +524,13 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     from .gptq import check_method
 
     check_method(weight_rounding)
+    if int4_weights not in INT4_WEIGHTS:
+        raise ValueError(f"int4_weights must be one of {', '.join(INT4_WEIGHTS)}; got {int4_weights!r}")
     if not calibration:
         raise ValueError("quantization needs calibration data; none was given")
     act = {Precision.W8A16: QuantType.QUInt16, Precision.W8A8: QuantType.QUInt8,
            Precision.W4A16: QuantType.QUInt16}[precision]
-    weight = QuantType.QInt4 if precision == Precision.W4A16 else QuantType.QUInt8
+    weight = QuantType.QUInt8          # w4a16: int4 for the linear weights only (int4_overrides)
     logging.getLogger().setLevel(logging.ERROR)   # ORT prints pre-processing advice at WARNING
     if per_channel_linears:
         src = linears_as_conv(src, dst.with_name(dst.name.replace(".onnx", "") + ".conv.onnx"))
@@ -537,8 +541,9 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
         cache.unlink(missing_ok=True)           # ONNX Runtime would take a stale one as is
     ranges = activation_ranges(src, calibration, dst.parent, keep=cache) if headroom or second else {}
     # the path, not a loaded model: the config reads the graph only (weights may be external)
+    int4 = int4_overrides(src, int4_weights) if precision == Precision.W4A16 else None
     cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act, weight_type=weight,
-                             per_channel=True)
+                             per_channel=True, init_overrides=int4)
     overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
 
     def padded(lo, hi) -> dict:
@@ -571,11 +576,163 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     finally:
         if cache is not None:
             cache.unlink(missing_ok=True)
+    if precision == Precision.W4A16 and int4_weights == "block":
+        int4_blocks(Path(src), dst)
     if weight_rounding == "gptq":
         from .gptq import round_weights
 
         round_weights(Path(src), dst, calibration)
     return dst
+
+
+# How w4a16 lays out its int4 weights (MatMul, Conv, ConvTranspose; the other constants are int8):
+# "tensor": one scale per MatMul weight, per output channel for Conv (ONNX Runtime's QNN default, the
+# scheme before these options); "channel": one scale per output channel everywhere; "block": one scale
+# per INT4_BLOCK input channels of each output channel for MatMul and 1x1 Conv weights (ONNX
+# DequantizeLinear block_size, opset 21), per output channel for the other Conv weights. The QNN EP
+# (onnxruntime-qnn 2.7, QNN 2.51) compiles all three for the HTP (docs/quantization.md).
+INT4_WEIGHTS = ("tensor", "channel", "block")
+INT4_BLOCK = 64
+
+
+def _int4_weights(model) -> dict[str, tuple[str, int]]:
+    """{weight initializer: (consumer op, output-channel axis)} for the constant weights (input 1) of
+    MatMul (rank 2), Conv and ConvTranspose nodes in `model`."""
+    inits = {i.name: len(i.dims) for i in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        rank = inits[n.input[1]]
+        if n.op_type == "MatMul" and rank == 2:
+            out[n.input[1]] = ("MatMul", 1)
+        elif n.op_type in ("Conv", "ConvTranspose") and rank >= 3:
+            out[n.input[1]] = (n.op_type, 0 if n.op_type == "Conv" else 1)
+    return out
+
+
+def int4_overrides(src: Path, layout: str) -> dict:
+    """ONNX Runtime quantizer overrides that make the linear weights of `src` signed symmetric int4,
+    per output channel (per tensor for MatMul when `layout` is "tensor"); block layouts start per channel
+    and are re-cut by int4_blocks after the quantizer."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+
+    model = onnx.load(str(src), load_external_data=False)
+    out = {}
+    for name, (op, axis) in _int4_weights(model).items():
+        o = {"quant_type": QuantType.QInt4, "symmetric": True}
+        if not (layout == "tensor" and op == "MatMul"):
+            o["axis"] = axis
+        out[name] = [o]
+    return out
+
+
+def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
+    """Re-cut the per-channel int4 weights of `qdq` (quantized from `fp32`) that feed a MatMul [K, N] or a
+    1x1 Conv [N, K, 1, 1] into one symmetric scale per `block` (INT4_BLOCK) input channels of each output
+    channel, from the fp32 weights: a DequantizeLinear with `block_size` (opset 21), which the QNN EP
+    compiles for the HTP as a block-quantized weight (its "BQ" path; 4-bit storage). Weights whose K is
+    not a multiple of `block` stay per channel. A per-channel scale is set by the channel's largest weight
+    (an outlier input channel takes every output channel's range); a block's only by its own.
+    Returns how many weights were re-cut."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    block = block or INT4_BLOCK
+    model = onnx.load(str(qdq))
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    src = onnx.load(str(fp32), load_external_data=False)
+    by_name = {n.name: n for n in src.graph.node if n.name}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    todo = []
+    for dq in g.node:
+        if dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        q = inits[dq.input[0]]
+        users = consumers.get(dq.output[0], [])
+        if q.data_type != onnx.TensorProto.INT4 or len(users) != 1 or users[0].input[1] != dq.output[0]:
+            continue
+        user = users[0]
+        ref = by_name.get(user.name)
+        dims = list(q.dims)
+        if ref is None or ref.op_type != user.op_type or len(ref.input) < 2:
+            continue
+        if user.op_type == "MatMul" and len(dims) == 2:
+            k_axis = 0
+        elif (user.op_type == "Conv" and dims[2:] == [1, 1] and len(dims) == 4
+              and all(a.i == 1 for a in user.attribute if a.name == "group")):
+            k_axis = 1
+        else:
+            continue
+        if dims[k_axis] % block or dims[k_axis] == block:
+            continue
+        todo.append((dq, ref.input[1], k_axis))
+    if not todo:
+        return 0
+    fp = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(fp32)).graph.initializer
+          if i.name in {t[1] for t in todo}}
+    for dq, name, k_axis in todo:
+        w = fp[name].astype(np.float32)
+        q, scale = _int4_block_quantize(w, k_axis, block)
+        qi, si, zi = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else ""
+        inits[qi].CopyFrom(_int4_tensor(qi, q))
+        inits[si].CopyFrom(numpy_helper.from_array(scale, si))
+        if zi:
+            inits[zi].CopyFrom(_int4_tensor(zi, np.zeros(scale.shape, np.int8)))
+        for a in [a for a in dq.attribute if a.name in ("axis", "block_size")]:
+            dq.attribute.remove(a)
+        dq.attribute.extend([helper.make_attribute("axis", k_axis), helper.make_attribute("block_size", block)])
+    _save(model, qdq)
+    return len(todo)
+
+
+def weight_bits(qdq: Path) -> dict[str, float]:
+    """{bits: share of the weight bytes} of a QDQ model: every constant of 2 dims or more behind a
+    DequantizeLinear (MatMul / Conv weights, tables, ...), counted at its integer width."""
+    import onnx
+
+    model = onnx.load(str(qdq), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    width = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT8: 8,
+             onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16,
+             onnx.TensorProto.INT32: 32}
+    total: dict[int, float] = {}
+    for n in model.graph.node:
+        t = inits.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if t is not None and len(t.dims) >= 2:
+            bits = width.get(t.data_type, 32)
+            total[bits] = total.get(bits, 0.0) + float(np.prod(t.dims)) * bits / 8
+    all_bytes = sum(total.values())
+    return {str(b): round(v / all_bytes, 4) for b, v in sorted(total.items())} if all_bytes else {}
+
+
+def _int4_tensor(name: str, q: np.ndarray):
+    """An INT4 TensorProto of the int8 array `q` (values in [-8, 7]), two per byte, low nibble first."""
+    from onnx import TensorProto, helper
+
+    flat = (q.ravel().astype(np.int16) & 0xF).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    packed = flat[0::2] | (flat[1::2] << 4)
+    return helper.make_tensor(name, TensorProto.INT4, list(q.shape), packed.tobytes(), raw=True)
+
+
+def _int4_block_quantize(w: np.ndarray, k_axis: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Signed symmetric int4 codes for `w` and its scales, one per `block` entries along `k_axis` (the
+    scale tensor has w's rank with shape[k_axis] = K / block)."""
+    shape = list(w.shape)
+    k = shape[k_axis]
+    split = shape[:k_axis] + [k // block, block] + shape[k_axis + 1:]
+    wb = w.reshape(split)
+    scale = np.abs(wb).max(axis=k_axis + 1, keepdims=True) / 7.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(wb / scale), -8, 7).astype(np.int8).reshape(shape)
+    return q, np.squeeze(scale, axis=k_axis + 1)
 
 
 def _quantize_static(src: Path, dst: Path, cfg, ranges_cache: Path | None) -> None:
