@@ -122,6 +122,9 @@ class Component:
     logits: tuple[str, ...] = ()
     # Integer outputs (codes, ids) are gated on the fraction of elements equal to fp32's.
     agreement_min: float = 1.0
+    # {precision: fraction}: at these precisions the logits outputs must also pick fp32's top-1 on at
+    # least this fraction of rows, beside the SNR gate (what users of a 4-bit LLM judge it by).
+    top1_min: Mapping[Precision, float] = field(default_factory=dict)
     # {integer output: float output of per-element decision margins}: disagreements where the
     # fp32 decision was a near tie are excused (parity/metrics.py, TIE_MARGIN).
     tie_margins: Mapping[str, str] = field(default_factory=dict)

@@ -38,3 +38,14 @@ def test_reason_names_weakest_block_from_attribution():
 
 def test_no_outputs_is_a_rejection():
     assert not judge([], 30.0).accepted
+
+
+def test_a_top1_gate_rejects_logits_that_pick_other_tokens_beside_the_snr_gate():
+    """Component.top1_min (Spark's w4a16): logits above the SNR gate still need fp32's top-1 on enough rows."""
+    logits = lambda top1: OutputScore("logits", 20.0, 35.0, 0.1, top1=top1)  # noqa: E731
+    assert judge([logits(0.85)], 15.0).accepted                     # no top-1 gate: SNR alone
+    v = judge([logits(0.85), s("hidden", 30.0)], 15.0, top1_min=0.9)
+    assert not v.accepted and "'logits'" in v.reason and "85.0%" in v.reason and "90%" in v.reason
+    v = judge([logits(0.95)], 15.0, top1_min=0.9)
+    assert v.accepted and "top-1 95.0%" in v.reason
+    assert not judge([logits(0.95)], 25.0, top1_min=0.9).accepted   # beside the SNR gate, not instead of it

@@ -248,6 +248,8 @@ def test_calibrated_w8a16_is_accepted_on_the_htp_and_int4_rejected(tiny, tmp_pat
         assert min(o["snr_db"] for o in w8["parity"]["outputs"]) >= 30
         w4 = b[(comp, "w4a16")]
         assert w4["status"] == "rejected" and min(o["snr_db"] for o in w4["parity"]["outputs"]) < 15
+        assert w4["details"]["weight_bits"]["4"] > 0.99      # every linear (1x1 Conv) weight int4, per block
+        assert m["components"][comp]["top1_min"] == {"w4a16": 0.9}     # the recipe's top-1 gate, recorded
     row = next(r for r in m["end_to_end"] if r["precision"] == "w8a16")
     assert row["runner"] == "htp" and row["verdict"] == "accepted", row["reason"]
 

@@ -37,15 +37,18 @@ def per_sample(entries: dict, names: list[str], count: int) -> tuple[list[dict],
     return outs, how
 
 
-def score(component, info: dict, refs: list[dict], outs: list[dict], threshold: float) -> dict:
-    """The verdict dict (same shape as a local build's "parity", runner added by the caller)."""
+def score(component, info: dict, refs: list[dict], outs: list[dict], threshold: float,
+          precision: str | None = None) -> dict:
+    """The verdict dict (same shape as a local build's "parity", runner added by the caller); `precision`
+    picks the component's top-1 gate for logits (Component.top1_min), when it has one."""
     from ..parity.gate import judge
     from ..parity.metrics import score_outputs
 
     names = [o["name"] for o in info["outputs"]]
     scores = score_outputs(names, refs, outs, component.logits, dict(component.tie_margins))
     v = judge(scores, threshold, tuple(info.get("gated_outputs") or component.gated_outputs),
-              agreement_min=info.get("agreement_min", component.agreement_min))
+              agreement_min=info.get("agreement_min", component.agreement_min),
+              top1_min=(info.get("top1_min") or {}).get(precision))
     return {"threshold_db": threshold, "verdict": v.status, "reason": v.reason,
             "outputs": [s.to_json() for s in v.scores]}
 

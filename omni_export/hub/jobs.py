@@ -248,7 +248,8 @@ class BuildJobs:
                   "label": f"{ctx.device.name} via {ctx.hub.label} ({r.runtime}, --compute_unit "
                            f"{r.compute_unit}, QAIRT {ctx.qairt})"}
         return score_device(ctx, r.component, entries, threshold, runner, keep=lambda outs: self._keep(
-            "outputs", ctx.store.put_bytes(f"{self._dir}/outputs.npz", dev.outputs_npz(outs))))
+            "outputs", ctx.store.put_bytes(f"{self._dir}/outputs.npz", dev.outputs_npz(outs))),
+            precision=self.build["precision"])
 
     def _download(self, model):
         """The compiled model, kept under hub/ (what the device ran)."""
@@ -388,7 +389,7 @@ class LinkJobs(BuildJobs):
         runner = {"kind": "device", "short": "device npu",
                   "label": f"{ctx.device.name} via {ctx.hub.label} (graph {graph} of the linked qnn_context_binary, "
                            f"--compute_unit npu, QAIRT {ctx.qairt})"}
-        return score_device(ctx, graph, entries, threshold, runner)
+        return score_device(ctx, graph, entries, threshold, runner, precision=member["precision"])
 
 
 def link_state(rec: dict) -> str:
@@ -402,7 +403,8 @@ def link_state(rec: dict) -> str:
     return "running" if any(s.get("id") for s in steps) else "pending"
 
 
-def score_device(ctx, component: str, entries, threshold: float, runner: dict, keep=None) -> dict:
+def score_device(ctx, component: str, entries, threshold: float, runner: dict, keep=None,
+                 precision: str | None = None) -> dict:
     """Parity of one graph's device outputs (an inference job's output data) against the recorded
     fp32 references; `keep(outputs)` stores them first when given."""
     info = ctx.manifest["components"][component]
@@ -417,5 +419,5 @@ def score_device(ctx, component: str, entries, threshold: float, runner: dict, k
                 "reason": f"device outputs unusable: {e}"}
     if keep is not None:
         keep(outs)
-    parity = dev.score(ctx.recipe.component(component), info, refs, outs, threshold)
+    parity = dev.score(ctx.recipe.component(component), info, refs, outs, threshold, precision)
     return {"runner": runner, **parity, "outputs_matched": how}

@@ -359,7 +359,8 @@ class ComponentJobs:
         reference = refs if samples is None else [refs[k] for k in samples]
         scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
                                self.component.tie_margins)
-        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min)
+        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min,
+                        top1_min=self.component.top1_min.get(spec.precision))
         text = _headline(verdict, self.component.gated_outputs) + (" — shares the ctx's run" if shared else "")
         self._line(job, text, failed=not verdict.accepted, seconds=None if shared else getattr(outputs, "wall_s", None))
         records = self.run.store.commit(built.files, verdict.accepted)
@@ -453,6 +454,7 @@ class ComponentJobs:
             "weight_bytes": info.get("weight_bytes"),
             **({"fp32_on_cpu": c.fp32_on_cpu} if c.fp32_on_cpu else {}),
             "agreement_min": c.agreement_min,
+            **({"top1_min": {p.value: v for p, v in c.top1_min.items()}} if c.top1_min else {}),
             "tie_margins": dict(c.tie_margins),
             **({"limits": dict(c.limits)} if c.limits else {}),
             "parity_inputs": info.get("parity_inputs"),

@@ -28,9 +28,10 @@ def parse_gates(text: str | None) -> dict[Precision, float]:
 
 
 def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[str] = (),
-          attribution: Sequence[dict] = (), agreement_min: float = 1.0) -> Verdict:
+          attribution: Sequence[dict] = (), agreement_min: float = 1.0, top1_min: float | None = None) -> Verdict:
     """Accept when every gated output (all when `gated` is empty) is finite and >= threshold;
-    integer outputs instead need at least `agreement_min` of their elements equal to fp32's."""
+    integer outputs instead need at least `agreement_min` of their elements equal to fp32's; with
+    `top1_min`, logits outputs also need fp32's top-1 on at least that fraction of rows."""
     considered = [s for s in scores if not gated or s.name in gated]
     if not considered:
         return Verdict(False, threshold_db, "no outputs were scored", tuple(scores))
@@ -57,8 +58,17 @@ def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[st
         if where:
             reason += f"; lowest block: {where}"
         return Verdict(False, threshold_db, reason, tuple(scores))
+    picks = [s for s in considered if s.top1 is not None] if top1_min is not None else []
+    for s in picks:
+        if s.top1 < top1_min:
+            return Verdict(False, threshold_db, f"output '{s.name}' picks fp32's top-1 on {100 * s.top1:.1f}% "
+                                                f"< {100 * top1_min:.0f}% of rows", tuple(scores))
     worst = min(considered, key=lambda s: s.snr_db)
-    return Verdict(True, threshold_db, f"min {worst.snr_db:.1f} dB >= gate {threshold_db:.0f} dB", tuple(scores))
+    reason = f"min {worst.snr_db:.1f} dB >= gate {threshold_db:.0f} dB"
+    if picks:
+        low = min(picks, key=lambda s: s.top1)
+        reason += f"; '{low.name}' top-1 {100 * low.top1:.1f}% >= {100 * top1_min:.0f}%"
+    return Verdict(True, threshold_db, reason, tuple(scores))
 
 
 def _worst_block(attribution: Sequence[dict], nonfinite: bool = False) -> str | None:

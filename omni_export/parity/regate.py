@@ -62,11 +62,14 @@ def _rejudge(manifest: dict, b: dict, gates_db: dict[str, float]) -> dict:
         return {**row, "verdict": "rejected", "reason": p.get("reason") or b.get("error") or "not scored"}
     attribution = manifest["components"].get(b["component"], {}).get("attribution", {}).get(b["precision"], [])
     agreement_min = manifest["components"].get(b["component"], {}).get("agreement_min", 1.0)
-    v = judge([score_from_json(o) for o in outputs], threshold, names, attribution, agreement_min=agreement_min)
+    top1_min = (manifest["components"].get(b["component"], {}).get("top1_min") or {}).get(b["precision"])
+    v = judge([score_from_json(o) for o in outputs], threshold, names, attribution, agreement_min=agreement_min,
+              top1_min=top1_min)
     verdict, reason = v.status, v.reason
     device = ((b.get("hub") or {}).get("parity") or {}).get("outputs")
     if device and verdict == "accepted":     # scored on a phone too (AI Hub): both must pass
-        dv = judge([score_from_json(o) for o in device], threshold, names, agreement_min=agreement_min)
+        dv = judge([score_from_json(o) for o in device], threshold, names, agreement_min=agreement_min,
+                   top1_min=top1_min)
         if not dv.accepted:
             verdict, reason = "rejected", f"on the device (AI Hub): {dv.reason}"
     return {**row, "verdict": verdict, "reason": reason,

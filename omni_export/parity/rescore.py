@@ -29,8 +29,9 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
             row["skipped"] = skip
             continue
         info, (inputs, refs) = data[b["component"]]
+        comp = _component(manifest, b["component"])
         try:
-            scores = _scores(out, b, info, inputs, refs)
+            scores = _scores(out, b, info, inputs, refs, comp.logits if comp else ())
         except Exception as e:  # the artifact no longer loads or runs: that is drift, not a crash
             findings.append(Finding("rescore", b["files"][0]["path"], f"runner failed: {type(e).__name__}: "
                                     f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"))
@@ -38,19 +39,21 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
             continue
         row["outputs"] = {n: round(s.snr_db, 3) if math.isfinite(s.snr_db) else str(s.snr_db)
                           for n, s in scores.items()}
-        findings += _compare(b, scores, tolerance_db, _gated(manifest, b["component"]))
+        top1 = (manifest["components"].get(b["component"], {}).get("top1_min") or {}).get(b.get("precision"))
+        findings += _compare(b, scores, tolerance_db, comp.gated_outputs if comp else (), top1)
     return findings, rows
 
 
-def _gated(manifest: dict, component: str) -> tuple[str, ...]:
-    """The outputs the recipe's gate looks at (all when the recipe is unknown here)."""
+def _component(manifest: dict, component: str):
+    """The recipe's Component (its gated outputs and logits), or None when the recipe is unknown here
+    (then every output is gated)."""
     from ..core import UsageError
     from ..recipes import get_recipe
 
     try:
-        return get_recipe((manifest.get("recipe") or {}).get("name")).component(component).gated_outputs
+        return get_recipe((manifest.get("recipe") or {}).get("name")).component(component)
     except (UsageError, TypeError):
-        return ()
+        return None
 
 
 def _unscorable(b: dict, data: dict) -> str | None:
@@ -65,7 +68,7 @@ def _unscorable(b: dict, data: dict) -> str | None:
     return None
 
 
-def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict]) -> dict:
+def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict], logits=()) -> dict:
     from ..parity.metrics import score_outputs
     from ..parity.runners import RunnerSpec, run_all
 
@@ -74,10 +77,10 @@ def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict]
     names_out = tuple(s["name"] for s in info["outputs"])
     spec = RunnerSpec(r["kind"], str(out / b["files"][0]["path"]), names_in, names_out, dict(r.get("options") or {}))
     outputs = run_all(spec, inputs)
-    return {s.name: s for s in score_outputs(names_out, refs, outputs)}
+    return {s.name: s for s in score_outputs(names_out, refs, outputs, logits)}
 
 
-def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...]) -> list[Finding]:
+def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...], top1_min: float | None = None) -> list[Finding]:
     from ..parity.gate import judge
 
     path = b["files"][0]["path"]
@@ -93,7 +96,7 @@ def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...]) -> list[
         if not same:
             found.append(Finding("score", path, f"output '{name}' scores {now:.3f} dB now, {was:.3f} dB recorded "
                                                 f"(tolerance {tol} dB)"))
-    verdict = judge(tuple(scores.values()), float(b["parity"]["threshold_db"]), gated)
+    verdict = judge(tuple(scores.values()), float(b["parity"]["threshold_db"]), gated, top1_min=top1_min)
     # A build the phone rejected (AI Hub) keeps its local verdict under parity: compare with that.
     recorded = b["parity"].get("verdict") if b.get("rejected_by") == "device" else b.get("status")
     if verdict.status != recorded:
