@@ -83,20 +83,27 @@ def parse_log(text: str) -> list[dict]:
     return out
 
 
-def node_facts(model: Path, node: str | None = None, mentioned: list[str] = ()) -> dict:
-    """The ONNX graph's view of `node` (or of the first node named in `mentioned` log lines): its op
-    type, input and output names with dtype and shape, its module scope and BlockChain block index.
-    Reads the graph only (external weights stay on disk)."""
+def node_facts(model: Path, node: str | None = None, mentioned: list[str] = (), op_type: str | None = None) -> dict:
+    """The ONNX graph's view of `node` (or of the first node named in `mentioned` log lines; or, when
+    QNN names an unnamed node, the one node of `op_type` without a name): its op type, input and output
+    names with dtype and shape, its module scope and BlockChain block index. Reads the graph only
+    (external weights stay on disk)."""
     import onnx
 
     m = onnx.load(str(model), load_external_data=False)
-    nodes = {n.name: n for n in m.graph.node}
-    if node not in nodes:
-        named_in = (max((n for n in nodes if n and n in line), key=len, default=None) for line in mentioned)
-        node = next((n for n in named_in if n), None)
+    nodes = {n.name: n for n in m.graph.node if n.name}
+    unnamed = [n for n in m.graph.node if not n.name and n.op_type == op_type]
+    if not node and len(unnamed) == 1:
+        n = unnamed[0]
+        node = f"unnamed {n.op_type} -> {n.output[0] if n.output else '?'}"
+    elif node not in nodes:
+        named_in = (max((x for x in nodes if x in line), key=len, default=None) for line in mentioned)
+        node = next((x for x in named_in if x), None)
         if node is None:
             return {}
-    n = nodes[node]
+        n = nodes[node]
+    else:
+        n = nodes[node]
     try:
         g = onnx.shape_inference.infer_shapes(m).graph
     except Exception:                      # shapes are a help, not a need
@@ -176,7 +183,7 @@ def diagnose(model: Path, options: dict, rewrites_on: tuple[str, ...] = (), time
     if not found:
         return {}
     d = found[0]
-    facts = node_facts(Path(model), d.get("node"), d.get("errors", ()))
+    facts = node_facts(Path(model), d.get("node"), d.get("errors", ()), d.get("op_type"))
     d = {**d, **{k: v for k, v in facts.items() if v is not None or k not in d}}
     d["hint"] = avoid(d.get("op_type"), rewrites_on)
     if len(found) > 1:

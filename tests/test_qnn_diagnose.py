@@ -17,10 +17,11 @@ from omni_export.qnn_diagnose import QnnCompileError, avoid, parse_log, precisio
 BLOCKS = ["rvq", "pre_conv", "pre_transformer"]
 
 
-def _graph(path: Path, op: str, shape: tuple, out_type=TensorProto.FLOAT, **attrs) -> Path:
-    """x -> Relu (block 0) -> `op` (block 1), node names and name scopes as the torch exporter writes them."""
+def _graph(path: Path, op: str, shape: tuple, out_type=TensorProto.FLOAT, unnamed: bool = False, **attrs) -> Path:
+    """x -> Relu (block 0) -> `op` (block 1), node names and name scopes as the torch exporter writes them
+    (`unnamed`: the `op` node without a name, as a quantizer's inserted nodes can be)."""
     nodes = [helper.make_node("Relu", ["x"], ["h"], name="node_relu"),
-             helper.make_node(op, ["h"], ["y"], name=f"node_{op.lower()}_1", **attrs)]
+             helper.make_node(op, ["h"], ["y"], name="" if unnamed else f"node_{op.lower()}_1", **attrs)]
     for n, scopes in zip(nodes, (["", "blocks.0", "relu"], ["", "blocks.1", "blocks.1.head", op.lower()])):
         n.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=repr(scopes))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
@@ -66,10 +67,11 @@ def test_a_node_the_htp_rejects_is_named_with_its_op_type_shapes_and_reason(argm
 
 
 def test_an_op_the_htp_has_none_of_names_the_node_and_a_rewrite_that_replaces_it(tmp_path):
-    """An op type QNN has no builder for is the other compile failure; a Sin would name sin_poly (off
-    for this target by default), an activation act_barrier (on: said so)."""
-    e = _compile(tmp_path, _graph(tmp_path / "m.onnx", "Det", (2, 3, 3)))
-    assert str(e).startswith("QNN could not compile node 'node_det_1' (Det in blocks.1) (float32[2, 3, 3] -> "
+    """An op type QNN has no builder for is the other compile failure. The node has no name here (the
+    1.7B Code2Wav's failure said "unnamed op"): the one unnamed node of that type is named by its output.
+    A Sin would name sin_poly (off for this target by default), an activation act_barrier (on: said so)."""
+    e = _compile(tmp_path, _graph(tmp_path / "m.onnx", "Det", (2, 3, 3), unnamed=True))
+    assert str(e).startswith("QNN could not compile node 'unnamed Det -> y' (Det in blocks.1) (float32[2, 3, 3] -> "
                              "float32[2]) [unsupported op]: QNN has no Det op for the HTP"), str(e)
     assert avoid("Sin") == "the sin_poly rewrite replaces Sin (--rewrites sin_poly)"
     assert avoid("Sigmoid", ("pow_mul", "act_barrier")) == \
