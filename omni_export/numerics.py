@@ -21,7 +21,9 @@ VERSIONS = {
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
                       # 2: int4 only for MatMul / Conv weights (int8 other constants), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
-    "pte": 1,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py
+    "pte": 2,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
+                      # recipes' XNNPACK forms (talker._Xnnpack)
+                      # 2: fp16 products in sums of <= 128 terms (halfsums.py)
     "parity": 1,      # scores and verdicts: parity/metrics.py, parity/gate.py, parity/runners.py
 }
 

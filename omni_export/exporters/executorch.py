@@ -383,6 +383,17 @@ def _copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     return out.to(dtype) if dtype is not None else out
 
 
+def fp16_program(module: nn.Module) -> tuple[nn.Module, dict]:
+    """The module an fp16 .pte is exported from: an fp16 copy, fp32 I/O, every Linear / convolution
+    whose outputs sum more than halfsums.SUM_TERMS products split into short sums (phones' XNNPACK
+    accumulates fp16 products in fp16: docs/fp16-pte.md). With what the manifest records of it."""
+    from ..halfsums import SUM_TERMS, split_sums
+
+    m = _copy(module, torch.float16)
+    n = split_sums(m)
+    return _CastIO(m, torch.float16).eval(), {"terms_per_sum": SUM_TERMS, "layers_split": n}
+
+
 def _int_safe(quantizer_cls):
     """The quantizer, except that integer add / mul keep their scalar operands. XNNPACKQuantizer's
     transform_for_annotation turns every scalar operand of add / mul into a float tensor constant,
@@ -440,7 +451,7 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
     if precision == Precision.FP32:
         _lower(torch.export.export(module, example), path)
     elif precision == Precision.FP16:
-        m = _CastIO(_copy(module, torch.float16), torch.float16).eval()
+        m, details["fp16_sums"] = fp16_program(module)
         _lower(_fp16_safe(torch.export.export(m, example)), path)
     elif precision == Precision.W8A16:
         inner = _copy(module)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...attention import attend
+from ...halfsums import SUM_TERMS, linear as short_linear, pairwise, spans
 from .config import DecoderGeometry, ModelConfig, talker_split
 
 PREDICTOR_SLOTS = 17
@@ -36,10 +37,18 @@ class _Xnnpack:
     delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only averages
     4-D inputs over the last two dims), attention's products as 3-D bmm (a 4-D matmul lowers to
     expand_copy, which XNNPACK does not take), and SiLU as x * sigmoid(x) (F.silu on fp16
-    decomposes to an fp32 SiLU between two casts XNNPACK does not take). Every other trace (ONNX,
-    QNN, eager) keeps the plain forms."""
+    decomposes to an fp32 SiLU between two casts XNNPACK does not take). Traced in fp16, the RMS mean
+    and the predictor heads are sums of products of at most halfsums.SUM_TERMS terms (phones'
+    XNNPACK sums fp16 products in fp16: the 1024-term means alone cost the 0.6B talker step 16.5 dB;
+    docs/fp16-pte.md); exporters/executorch.py splits the Linear layers the same way. Every other
+    trace (ONNX, QNN, eager) keeps the plain forms."""
     on = False
-    rows: dict = {}          # width -> the tracing module's [1, width] buffer of 1/width
+    rows: dict = {}          # (n, width) -> the tracing module's [1, width] buffer of 1/n
+
+    @classmethod
+    def row(cls, n: int, width: int, dtype=None):
+        r = cls.rows[n, width]
+        return r if dtype is None or r.dtype == dtype else r.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -50,8 +59,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         if _Xnnpack.on:
-            row = _Xnnpack.rows[x.shape[-1]]
-            ms = F.linear(x * x, row if row.dtype == x.dtype else row.to(x.dtype))
+            n, xx = x.shape[-1], x * x
+            if x.dtype == torch.float16 and n > SUM_TERMS:    # short fp16 sums (omni_export/halfsums.py)
+                ms = pairwise([F.linear(xx[..., a:b], _Xnnpack.row(n, b - a)) for a, b in spans(n)])
+            else:
+                ms = F.linear(xx, _Xnnpack.row(n, n, x.dtype))
         else:
             ms = (x * x).mean(-1, keepdim=True)
         return self.weight * (x / torch.sqrt(ms + self.eps))
@@ -190,12 +202,16 @@ class _XnnpackForms(nn.Module):
         super().__init__()
         self.inner = inner
         widths = sorted({m.weight.shape[0] for m in inner.modules() if isinstance(m, RMSNorm)})
-        for n in widths:
-            self.register_buffer(f"mean_row{n}", torch.full((1, n), 1.0 / n))
-        self.widths = widths
+        # the mean's row, whole and in the slices of an fp16 trace's short sums (a slice of a constant
+        # is a computed weight, which XNNPACK's linear does not take)
+        self.rows = sorted({(n, n) for n in widths} | {(n, b - a) for n in widths if n > SUM_TERMS
+                                                       for a, b in spans(n)})
+        for n, w in self.rows:
+            self.register_buffer(f"mean_row{n}" if w == n else f"mean_row{n}_{w}", torch.full((1, w), 1.0 / n))
 
     def forward(self, *args):
-        _Xnnpack.on, _Xnnpack.rows = True, {n: getattr(self, f"mean_row{n}") for n in self.widths}
+        _Xnnpack.on = True
+        _Xnnpack.rows = {(n, w): getattr(self, f"mean_row{n}" if w == n else f"mean_row{n}_{w}") for n, w in self.rows}
         try:
             return self.run(*args)
         finally:
@@ -290,6 +306,13 @@ class PredictorCore(nn.Module):
         return F.embedding(code.long(), table)
 
 
+def _head(hidden, head):
+    """hidden @ head^T (a gathered head); traced for an fp16 XNNPACK program, in short sums."""
+    if _Xnnpack.on and hidden.dtype == torch.float16 and hidden.shape[-1] > SUM_TERMS:
+        return short_linear(hidden, head)
+    return torch.matmul(hidden, head.T)
+
+
 class PredictorPrefill(nn.Module):
     def __init__(self, core: PredictorCore):
         super().__init__()
@@ -303,8 +326,7 @@ class PredictorPrefill(nn.Module):
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
         mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]], dtype=x.dtype)[None, None]
         hidden, keys, vals = c.decoder(x, c.cos[None, :2], c.sin[None, :2], mask)
-        logits = torch.matmul(hidden[:, 1], c.heads[0].T)
-        return (logits, *_interleave(keys, vals))
+        return (_head(hidden[:, 1], c.heads[0]), *_interleave(keys, vals))
 
 
 class PredictorDecode(nn.Module):
@@ -329,7 +351,7 @@ class PredictorDecode(nn.Module):
         mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)]).to(x.dtype)[None, None, None]
         hidden, keys, vals = c.decoder(x, cos, sin, mask, past)
         head = torch.index_select(c.heads, 0, step.long()).reshape(c.vocab, -1)
-        return (torch.matmul(hidden[:, 0], head.T), *_interleave(keys, vals))
+        return (_head(hidden[:, 0], head), *_interleave(keys, vals))
 
 
 class PredictorFrame(nn.Module):

@@ -1,0 +1,120 @@
+"""Matrix products as sums of short ones, for fp16 programs run by XNNPACK.
+
+XNNPACK's fp16 kernels on phones (Arm64 with fp16 arithmetic) and on AVX512-FP16 x86 hosts keep one
+fp16 accumulator per output and round after every term (omni_export/exporters/fp16acc.py). The
+rounding error grows with the number of terms: one 0.6B linear of 1024 / 3072 inputs scores ~46 /
+~42 dB against fp32, and the 0.6B talker, predictor and text projection .pte builds scored 33-40 dB
+on such a host. Splitting the reduction into slices of at most SUM_TERMS terms, each its own product,
+and adding the partial results pairwise bounds every accumulator's run: ~56 dB per product at 128
+terms (docs/fp16-pte.md).
+
+Every helper here returns the plain op for inputs that are not fp16 (fp32 programs, ONNX and QNN
+traces keep their forms), and the split forms use only ops XNNPACK delegates (slice, linear /
+convolution with constant weights, add), so a program stays one XNNPACK partition.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUM_TERMS = 128
+
+
+def spans(n: int, width: int = SUM_TERMS) -> list[tuple[int, int]]:
+    return [(a, min(a + width, n)) for a in range(0, n, width)]
+
+
+def pairwise(parts: list[torch.Tensor]) -> torch.Tensor:
+    """parts[0] + parts[1] + ..., added as a balanced tree (each partial sum rounds once per level)."""
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, bias); for fp16 with more than SUM_TERMS inputs, the pairwise sum of F.linear over
+    slices of the inputs (the bias joins the first). For a computed `w` (a gathered head): slicing a
+    constant weight makes a computed one, which XNNPACK's linear does not take; use SplitLinear."""
+    k = x.shape[-1]
+    if x.dtype != torch.float16 or k <= SUM_TERMS:
+        return F.linear(x, w, bias)
+    return pairwise([F.linear(x[..., a:b], w[:, a:b], bias if a == 0 else None) for a, b in spans(k)])
+
+
+class SplitLinear(nn.Module):
+    """An fp16 nn.Linear as `linear` does it, its weight stored as constant slices of SUM_TERMS inputs."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        w = layer.weight.detach()
+        self.parts = len(spans(w.shape[1]))
+        for i, (a, b) in enumerate(spans(w.shape[1])):
+            self.register_buffer(f"w{i}", w[:, a:b].contiguous())
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach())
+
+    def forward(self, x):
+        if self.parts == 1:
+            return F.linear(x, self.w0, self.bias)
+        return pairwise([F.linear(x[..., a:b], getattr(self, f"w{i}"), self.bias if i == 0 else None)
+                         for i, (a, b) in enumerate(spans(x.shape[-1]))])
+
+
+class SplitConv(nn.Module):
+    """An fp16 nn.Conv1d / nn.ConvTranspose1d of one group whose output sums more than SUM_TERMS terms
+    (input channels x taps reaching an output: K for a convolution, ceil(K / stride) transposed), as the
+    pairwise sum of the same convolution over slices of the input channels."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.transposed = isinstance(layer, nn.ConvTranspose1d)
+        k, s = layer.kernel_size[0], layer.stride[0]
+        reach = -(-k // s) if self.transposed else k
+        self.slices = spans(layer.in_channels, max(1, SUM_TERMS // reach))
+        w = layer.weight.detach()
+        for i, (a, b) in enumerate(self.slices):          # [Cout, Cin, K] / transposed [Cin, Cout, K]
+            self.register_buffer(f"w{i}", (w[a:b] if self.transposed else w[:, a:b]).contiguous())
+        del layer.weight
+
+    def forward(self, x):
+        m = self.layer
+        parts = []
+        for i, (a, b) in enumerate(self.slices):
+            w, bias = getattr(self, f"w{i}"), m.bias if i == 0 else None
+            if self.transposed:
+                parts.append(F.conv_transpose1d(x[:, a:b], w, bias, m.stride, m.padding, m.output_padding, 1,
+                                                m.dilation))
+            else:
+                parts.append(F.conv1d(x[:, a:b], w, bias, m.stride, m.padding, m.dilation, 1))
+        return pairwise(parts)
+
+
+def terms(layer: nn.Module) -> int:
+    """How many products one output of `layer` sums."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features
+    k, s = layer.kernel_size[0], layer.stride[0]
+    per_group = layer.in_channels // layer.groups
+    return per_group * (-(-k // s) if isinstance(layer, nn.ConvTranspose1d) else k)
+
+
+def split_sums(module: nn.Module) -> int:
+    """Replace, in place, every Linear / one-group Conv1d / ConvTranspose1d of `module` (fp16) whose
+    outputs sum more than SUM_TERMS products by its split form. Returns how many were replaced; a layer
+    reachable twice is replaced by one shared module."""
+    done: dict[int, nn.Module] = {}
+
+    def walk(m: nn.Module) -> None:
+        for name, child in list(m.named_children()):
+            if id(child) in done:
+                setattr(m, name, done[id(child)])
+            elif type(child) in (nn.Linear, nn.Conv1d, nn.ConvTranspose1d) and terms(child) > SUM_TERMS \
+                    and (type(child) is nn.Linear or child.groups == 1):
+                done[id(child)] = SplitLinear(child) if type(child) is nn.Linear else SplitConv(child)
+                setattr(m, name, done[id(child)])
+            else:
+                walk(child)
+
+    walk(module)
+    return len(done)
