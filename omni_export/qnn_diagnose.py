@@ -30,9 +30,13 @@ VALIDATION = "op config validation"
 FINALIZE = "finalize"
 RUN = "simulator run"
 
+# one block per OrtNodeUnit (a QDQ unit lists its DequantizeLinear nodes and its op), then QNN's REASON
 _VALIDATION = re.compile(r"Validation FAILED for \d+ nodes in OrtNodeUnit \((?P<unit>[^)]*)\) :\s*"
-                         r"Operator type: (?P<op>\S+) Node name: (?P<node>.*?) Node index: \d+\s*"
+                         r"(?P<nodes>(?:Operator type: \S+ Node name: .*? Node index: \d+\s*)+)"
                          r"(?:REASON : (?P<reason>[^\n]*))?")
+_UNIT_NODE = re.compile(r"Operator type: (?P<op>\S+) Node name: (?P<node>.*?) Node index: \d+")
+_BACKEND = re.compile(r"backendValidateOpConfig\(\) failed for node `(?P<node>[^`]*)` of type `(?P<qnn>[^`]*)` "
+                      r"with error code (?P<code>\d+)")
 _UNSUPPORTED = re.compile(r"Unsupported nodes in QNN EP: (?P<list>.*)")
 _UNSUPPORTED_ONE = re.compile(r"\{ name: (?P<node>.*?), type: (?P<op>[^ }]+) \}")
 _ERROR_LINE = re.compile(r"\[E:onnxruntime:[^\]]*\] (?P<text>.*)")
@@ -61,12 +65,20 @@ def parse_log(text: str) -> list[dict]:
     node gives {class: finalize, reason} (the node, if any, is looked up by name later)."""
     text = _ANSI.sub("", text)
     found: dict[str, dict] = {}
+    backend = {b["node"]: b for b in _BACKEND.finditer(text)}
     for m in _VALIDATION.finditer(text):
+        unit = [(u["op"], u["node"]) for u in _UNIT_NODE.finditer(m["nodes"])]
+        # the unit's own op (a QDQ unit also lists the DequantizeLinear nodes feeding it)
+        op, node = next((u for u in unit if u[0] == m["unit"]), unit[0])
         reason = (m["reason"] or "").strip()
         kind = UNSUPPORTED if "not supported by QNN EP" in reason else VALIDATION
         if kind == UNSUPPORTED:
-            reason = f"QNN has no {m['op']} op for the HTP"
-        found.setdefault(m["node"], {"node": m["node"], "op_type": m["op"], "class": kind, "reason": reason})
+            reason = f"QNN has no {op} op for the HTP"
+        elif node in backend:
+            b = backend[node]
+            said = f"QNN's HTP backend refused this {b['qnn']} op config (error {b['code']})"
+            reason = f"{reason.rstrip('.')}: {said}" if reason else said
+        found.setdefault(node, {"node": node, "op_type": op, "class": kind, "reason": reason})
     for m in _UNSUPPORTED.finditer(text):
         for one in _UNSUPPORTED_ONE.finditer(m["list"]):
             found.setdefault(one["node"], {"node": one["node"], "op_type": one["op"], "class": UNSUPPORTED,
@@ -115,13 +127,27 @@ def node_facts(model: Path, node: str | None = None, mentioned: list[str] = (), 
                           [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim])
     for init in g.initializer:
         types[init.name] = (onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name, list(init.dims))
-    meta = {p.key: p.value for p in n.metadata_props}
-    scopes = _scopes(meta.get("pkg.torch.onnx.name_scopes", ""))
+    def scopes_of(x) -> list[str]:
+        return _scopes({p.key: p.value for p in x.metadata_props}.get("pkg.torch.onnx.name_scopes", ""))
+
+    # a node the quantizer inserted has no name scope: the scope of the node it feeds
+    consumers = [x for x in m.graph.node if set(x.input) & set(n.output)]
+    scopes = scopes_of(n) or next((sc for sc in map(scopes_of, consumers) if sc), [])
     block = next((int(s.split(".")[1]) for s in scopes if re.fullmatch(r"blocks\.\d+", s)), None)
 
+    producer = {o: x for x in m.graph.node for o in x.output}
+
     def tensors(names):
-        return [{"name": x, "dtype": types.get(x, ("?", None))[0], "shape": types.get(x, ("?", None))[1]}
-                for x in names if x]
+        out = []
+        for x in names:
+            if not x:
+                continue
+            t = {"name": x, "dtype": types.get(x, ("?", None))[0], "shape": types.get(x, ("?", None))[1]}
+            dq = producer.get(x)
+            if dq is not None and dq.op_type == "DequantizeLinear" and dq.input:
+                t["stored"] = types.get(dq.input[0], ("?", None))[0]        # the QDQ's integer type
+            out.append(t)
+        return out
 
     return {"node": node, "op_type": n.op_type, "inputs": tensors(n.input), "outputs": tensors(n.output),
             "scope": next((s for s in reversed(scopes[:-1]) if s), ""), "block_index": block}
@@ -155,8 +181,9 @@ def describe(d: dict) -> str:
     if not d.get("node"):
         return f"QNN {d.get('class', 'compile')} failed: {d.get('reason', '')}".strip()
 
-    def shapes(ts):
-        return ", ".join(f"{t['dtype']}{t['shape']}" if t.get("shape") is not None else t["dtype"] for t in ts)
+    def shapes(ts):     # a QDQ-fed input as stored->computed type: uint16->float32[1, 8, 24]
+        return ", ".join((f"{t['stored']}->" if t.get("stored") else "") + t["dtype"]
+                         + (str(t["shape"]) if t.get("shape") is not None else "") for t in ts)
 
     block = f" in block {d['block']}" if d.get("block") else (
         f" in blocks.{d['block_index']}" if d.get("block_index") is not None else "")

@@ -144,6 +144,20 @@ def test_the_log_parser_reads_each_failure_class():
     [x] = parse_log(fin)
     assert x["class"] == "finalize" and x["node"] is None and "node_conv_7" in x["errors"][0]
     assert parse_log("[I:onnxruntime:] nothing wrong\n") == []
+    # recorded from the demo Code2Wav's w4a16 context binary before bddc24b (a 4-bit LayerNorm gamma):
+    # a QDQ unit lists its DequantizeLinear nodes first; the refused op is the unit's own
+    qdq = ("[V:onnxruntime:, qnn_execution_provider.cc:1713 LogNodeSupport] Validation FAILED for 5 nodes in "
+           "OrtNodeUnit (LayerNormalization) :\n"
+           "\tOperator type: DequantizeLinear Node name: transpose_13_DequantizeLinear Node index: 723\n"
+           "\tOperator type: DequantizeLinear Node name: blocks.3.block.norm.weight_DequantizeLinear Node index: 26\n"
+           "\tOperator type: LayerNormalization Node name: node_layer_norm Node index: 724\n"
+           "\tOperator type: QuantizeLinear Node name: layer_norm_QuantizeLinear Node index: 725\n"
+           "\tREASON : Failed to add node.\n\n"
+           "[W:onnxruntime:, qnn_model_wrapper.cc:565 CreateQnnNode] QNN.backendValidateOpConfig() failed for node "
+           "`node_layer_norm` of type `LayerNorm` with error code 3110\n")
+    assert parse_log(qdq) == [{"node": "node_layer_norm", "op_type": "LayerNormalization", "class": "op config validation",
+                               "reason": "Failed to add node: QNN's HTP backend refused this LayerNorm op config "
+                                         "(error 3110)"}]
 
 
 def test_a_simulator_run_failure_says_so_and_other_runners_keep_their_words():
@@ -153,3 +167,16 @@ def test_a_simulator_run_failure_says_so_and_other_runners_keep_their_words():
         "runner failed: the HTP simulator could not run the compiled graph [simulator run]: "
         "RuntimeError: QNN graph execute failed")
     assert run_failure("RuntimeError: x", "ort-cpu") == "runner failed: RuntimeError: x"
+
+
+def test_a_component_whose_htp_builds_failed_is_not_told_to_add_them():
+    """The HTP caveat said "Add dlc or ctx to --formats" under a ctx build QNN failed to compile."""
+    from omni_export.reports.view import build_rows, caveats
+    from synthetic import build, manifest
+
+    m = manifest([build("onnx", "w8a16", 35.0, 30.0), build("ctx", "w8a16", None, 30.0, error="lowering failed: x")])
+    [said] = caveats(m, build_rows(m))
+    assert said.startswith("Nothing of code2wav ran on the HTP") and said.endswith(
+        "Its dlc / ctx builds failed before they could be scored: see their reasons.")
+    m = manifest([build("onnx", "w8a16", 35.0, 30.0)])
+    assert caveats(m, build_rows(m))[0].endswith("Add dlc or ctx to --formats to score on the HTP simulator.")

@@ -192,7 +192,10 @@ def caveats(m: dict, rows: list[BuildRow]) -> list[str]:
                      and not any(r.component == c and (r.runner_kind == "qnn-htp" or r.hub) for r in rows)
                      and any(r.component == c for r in rows)]
         if unchecked:
+            # a dlc / ctx build that failed to compile or run was asked for: saying "add them" would mislead
+            tried = any(r.component in unchecked and r.format in ("dlc", "ctx") for r in rows)
+            fix = ("Its dlc / ctx builds failed before they could be scored: see their reasons." if tried
+                   else "Add dlc or ctx to --formats to score on the HTP simulator.")
             out.append(f"Nothing of {', '.join(unchecked)} ran on the HTP (simulator or device): "
-                       f"{'its' if len(unchecked) == 1 else 'their'} verdicts come from CPU runtimes only. "
-                       f"Add dlc or ctx to --formats to score on the HTP simulator.")
+                       f"{'its' if len(unchecked) == 1 else 'their'} verdicts come from CPU runtimes only. {fix}")
     return out
