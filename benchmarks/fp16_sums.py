@@ -88,7 +88,13 @@ def layer_inputs(module, inputs: list[tuple], layers: list[int]) -> dict[int, li
 
     dec = next(m for m in module.modules() if isinstance(m, Decoder))
     got = {i: [] for i in layers}
-    hooks = [dec.layers[i].register_forward_pre_hook(lambda m, a, i=i: got[i].append(tuple(a)))
+    def keep(i, args):                  # without the trailing Nones (no cache: a prefill)
+        args = list(args)
+        while args and args[-1] is None:
+            args.pop()
+        got[i].append(tuple(args))
+
+    hooks = [dec.layers[i].register_forward_pre_hook(lambda m, a, i=i: keep(i, a))
              for i in layers if i < len(dec.layers)]
     with torch.no_grad():
         for args in inputs:
