@@ -24,12 +24,14 @@ from .recipe import RECIPE, TALKER_PARTS
 
 CALIBRATION_PER_GRAPH = 16
 HELDOUT_PER_GRAPH = {"talker_decode": 12, "talker_decode_part1": 12, "talker_decode_part2": 12,
-                     "predictor_prefill": 12, "predictor_decode": 12, "predictor_frame": 12, "code2wav": 2}
+                     "predictor_prefill": 12, "predictor_decode": 12, "predictor_frame": 12, "code2wav": 2,
+                     "speech_encoder": 4}
 # --talker-parts default: split the talker in two when its layers' fp16 weights pass this (1.7B:
 # 2.6 GiB; 0.6B: 0.8 GiB). HTP contexts have a size limit, and one 28-layer 1.7B talker context
 # binary held 11.2 GiB RssAnon in its compile, a 14-layer half 5.6 GiB (1.7B benchmark at 785c43e).
 TALKER_PART_BYTES = 2 << 30
 HELDOUT_DEFAULT = 4
+HELDOUT_ENCODER_EXTRA = 3     # held-out speech-encoder calls on whole-window references, besides the ICL prompt's
 CALIBRATION_FRAMES = 24       # frames generated per calibration prompt (random weights never stop)
 CALIBRATION_SEED = 1000
 HELDOUT_FRAMES = 24
@@ -70,6 +72,7 @@ class Qwen3TTS:
     demo_seed: int | None = None
     _core_ref: object = None
     capture_cache: dict | None = None          # {"key", "hit", "store"} once inputs are captured
+    speech_encoder_config: object = None       # Base with speech_tokenizer/ encoder_config: in-context cloning
 
     @property
     def seeds(self) -> dict:
@@ -92,7 +95,8 @@ class Qwen3TTS:
                 "Lp": p.num_hidden_layers, "KVp": p.num_key_value_heads, "HDp": p.head_dim,
                 "V": p.vocab_size, "Q": p.num_code_groups, "P": int(self.options["prefill-tokens"]),
                 "C": int(self.options["context-length"]), "L": self.left, "N": self.chunk,
-                "S": c.samples_per_frame, "F": int(self.options["speaker-frames"])}
+                "S": c.samples_per_frame, "F": int(self.options["speaker-frames"]),
+                "E": self.encoder_frames, "R": self.encoder_frames * c.samples_per_frame}
 
     @property
     def left(self) -> int:
@@ -108,6 +112,8 @@ class Qwen3TTS:
         skip = {"talker_prefill", "talker_decode"} if self.talker_parts == 2 else set(TALKER_PARTS)
         if self.cfg.speaker_encoder is None:
             skip.add("speaker_encoder")
+        if self.speech_encoder_config is None:
+            skip.add("speech_encoder")
         return tuple(c.name for c in RECIPE.components if c.name not in skip)
 
     @cached_property
@@ -173,6 +179,10 @@ class Qwen3TTS:
             return tk.PredictorDecode(self._predictor_core)
         if component == "predictor_frame":
             return tk.PredictorFrame(self._predictor_core, top_k=host.FRAME_TOP_K)
+        if component == "speech_encoder":
+            from .speech_encoder import SpeechEncoderGraph, load_speech_encoder
+
+            return SpeechEncoderGraph(load_speech_encoder(self.path))
         if component == "speaker_encoder":
             from .speaker import SpeakerEncoder
 
@@ -232,7 +242,7 @@ class Qwen3TTS:
 
         if self.cfg.tts_model_type == "base" and req.speaker_embedding is None:
             req.speaker_embedding = self.speaker_embedding(graphs, self.default_voice())
-        pr = build(self.cfg, req, lambda ids: self.text_proj(graphs, ids), self.tables.codec_emb)
+        pr = build(self.cfg, req, lambda ids: self.text_proj(graphs, ids), self.tables.codec_emb, self.frame_emb)
         gen = host.generate(graphs, self.cfg, self.tables, pr, opts)
         wav = self.decode(graphs, gen.codes) if with_audio and len(gen.codes) else None
         return gen, wav
@@ -257,6 +267,33 @@ class Qwen3TTS:
     def speaker_frames(self) -> int:
         """F: the most log-mel frames a reference may have (--speaker-frames)."""
         return int(self.options["speaker-frames"])
+
+    def frame_emb(self, codes: np.ndarray) -> np.ndarray:
+        """Each frame's summed 16 codebook embeddings [frames, Ht] (a reference's codes in the prompt)."""
+        return np.stack([self.tables.embedding_sum([int(c) for c in frame]) for frame in codes])
+
+    @property
+    def encoder_frames(self) -> int:
+        """E: the most codec frames an in-context reference may have (--encoder-frames)."""
+        return int(self.options["encoder-frames"])
+
+    def reference_codes(self, graphs, wav: np.ndarray, what: str = "the reference audio", hint: str = "") -> np.ndarray:
+        """Upstream's codes [frames, Q] of a whole reference (the speech encoder over a zero-padded
+        window of E frames): an error when it is longer than the window, never cropped."""
+        from .speech_encoder import check_reference, window
+
+        sps = self.speech.config.samples_per_frame
+        n = check_reference(len(wav), self.encoder_frames, sps, what=what, hint=hint)
+        out = graphs("speech_encoder", window(wav, self.encoder_frames * sps))["codes"]
+        return np.asarray(out[0, :n], dtype=np.int64)
+
+    def decode_continuation(self, graphs, ref_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """In-context cloning's waveform as upstream's generate_voice_clone makes it: the reference's
+        codes and the generated ones decoded as one stream, the reference's share of the samples cut
+        (int(ref / total * samples), its float rounding included)."""
+        wav = self.decode(graphs, np.concatenate([np.asarray(ref_codes, np.int64), codes]))
+        cut = int(len(ref_codes) / max(len(ref_codes) + len(codes), 1) * len(wav))
+        return wav[cut:]
 
     def speaker_embedding(self, graphs, wav: np.ndarray, what: str = "the reference audio",
                           hint: str = "") -> np.ndarray:
@@ -345,11 +382,13 @@ class Qwen3TTS:
                 opts = self.gen_options(greedy=held, seed=CALIBRATION_SEED + i, predictor="frame" if i % 2 else "step",
                                         max_frames=held_frames if held else cal_frames)
                 if self.cfg.tts_model_type == "base":
-                    n = len(prompts.HELDOUT if held else prompts.CALIBRATION)
-                    req.speaker_embedding = self.speaker_embedding(cap, self.calibration_voice(i, n, held))
+                    self._clone(cap, req, i, held)
                 gen, _ = self.synthesize(cap, req, opts, with_audio=False)
                 gens.append(gen.codes)
             windows = self._code2wav_windows(gens)
+            if which == "heldout" and self.speech_encoder_config is not None:
+                for k in range(HELDOUT_ENCODER_EXTRA):      # whole windows: agreement over real frames
+                    self.reference_codes(cap, reference_voice(200 + k, seconds=self.encoder_frames * 0.08))
             calls, counts = cap.calls, cap.counts()
             calls["code2wav"] = windows
             counts["code2wav"] = (len(windows), len(windows))
@@ -373,6 +412,26 @@ class Qwen3TTS:
             if which == "heldout":
                 self.heldout_codes = gens
         return result
+
+    def _clone(self, cap, req, i: int, held: bool) -> None:
+        """A Base request's voice: the i-th synthetic reference's x-vector, and (odd calibration prompts,
+        the second held-out one; when the checkpoint has the speech encoder) in-context cloning from it,
+        its transcript another prompt's text. ICL references are cut to the encoder's window and to a
+        quarter of the talker's context (their codes are prompt rows)."""
+        items = prompts.HELDOUT if held else prompts.CALIBRATION
+        voice = self.calibration_voice(i, len(items), held)
+        if self.speech_encoder_config is not None and i % 2 == 1:
+            sps = self.speech.config.samples_per_frame
+            frames = min(self.encoder_frames, max(1, int(self.options["context-length"]) // 4))
+            voice = voice[:frames * sps]
+            req.ref_ids = self.ref_template(items[(i + 1) % len(items)]["text"])
+            req.ref_codes = self.reference_codes(cap, voice)
+        req.speaker_embedding = self.speaker_embedding(cap, voice)
+
+    def ref_template(self, text: str) -> list[int]:
+        from .prompt import ref_ids
+
+        return ref_ids(self.tokenizer, text)
 
     def _code2wav_windows(self, gens: list) -> list[dict]:
         """Code2Wav chunk inputs over generated codes. Generations shorter than a chunk (real sizes
@@ -409,6 +468,22 @@ def _spread(calls: list, limit: int) -> list:
         return list(calls)
     idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
     return [calls[i] for i in idx]
+
+
+def _speech_encoder_config(checkpoint: Path, cfg):
+    """The speech tokenizer's encoder config of a Base checkpoint (in-context cloning), or None: other
+    kinds, and a Base checkpoint whose speech_tokenizer/config.json has no encoder_config (it clones
+    by x-vector only)."""
+    from .speech_encoder import read_speech_encoder_config
+
+    if cfg.tts_model_type != "base" or "encoder_config" not in ck.read_json(
+            ck.speech_tokenizer_dir(checkpoint) / "config.json", "speech tokenizer config"):
+        return None
+    c = read_speech_encoder_config(checkpoint)
+    if c.valid_num_quantizers != cfg.predictor.num_code_groups:
+        raise UsageError(f"{checkpoint / 'speech_tokenizer' / 'config.json'}: encoder_valid_num_quantizers "
+                         f"{c.valid_num_quantizers} differs from the talker's {cfg.predictor.num_code_groups} code groups")
+    return c
 
 
 def _seconds(frames: int) -> float:
@@ -507,6 +582,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
         raise UsageError(f"--talker-parts 2 needs a talker of 2 layers or more (this one has "
                          f"{model.cfg.talker.num_hidden_layers})")
     model.speech = ck.load_speech_tokenizer(checkpoint)
+    model.speech_encoder_config = _speech_encoder_config(checkpoint, model.cfg)
     # Weights are read per component when its graph is built (weights.LazyTensors), not held for the run.
     model.tensors = ck.load_model_tensors(checkpoint, model.cfg, ("talker", "predictor", "speaker_encoder"))
     model.info = {
@@ -518,7 +594,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
         "config": {"code2wav": model.speech.config.to_json(),
                    "talker_hidden": model.cfg.talker.hidden_size, "predictor_hidden": model.cfg.predictor.hidden_size,
                    "small_to_mtp_projection": model.cfg.has_projection},
-        "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F")},
+        "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F", "E")},
     }
     if options.get("calibration-codes"):        # a bad file fails now, not after minutes of other components
         c = model.speech.config

@@ -12,6 +12,15 @@ ids[3:-5] the text and ids[-5:] the tail (dropped). Rows of the prompt (each [Ht
               tts_pad + codec_emb(bos); trailing text = [tts_pad]
               streaming: text_proj(t_0) + codec_emb(bos); trailing = text_proj(t_1..) + [tts_eos]
 The speaker row is codec_emb(spk_id) (CustomVoice) or the x-vector (Base).
+
+In-context cloning (Base, `ref_ids` and `ref_codes` given; upstream's `generate_icl_prompt`): the codec
+rows are the same, and the text rows are replaced by the reference's transcript and codes:
+  text rows   T = text_proj(ref_ids[3:-2] + ids[3:-5]) + [tts_eos]      (transcript, then the text)
+  codec rows  C = codec_emb(bos) + [sum of the 16 codebook embeddings of each reference frame]
+  non-streaming: T + codec_emb(pad) for every row, then C + tts_pad; trailing = [tts_pad]
+  streaming: len(T) > len(C): T[:len(C)] + C, trailing = T[len(C):]; else (T padded with tts_pad to
+  len(C)) + C, trailing = [tts_pad]
+`ref_ids` are the templated reference text `<|im_start|>assistant\\n{ref_text}<|im_end|>\\n`.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ from .config import ModelConfig
 
 ASSISTANT_TEMPLATE = "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 INSTRUCT_TEMPLATE = "<|im_start|>user\n{text}<|im_end|>\n"
+REF_TEMPLATE = "<|im_start|>assistant\n{text}<|im_end|>\n"
 
 
 @dataclass
@@ -36,6 +46,8 @@ class Request:
     non_streaming: bool = True
     speaker_embedding: np.ndarray | None = None   # Base: x-vector [Ht]
     name: str = ""
+    ref_ids: list[int] | None = None               # in-context cloning: templated reference transcript
+    ref_codes: np.ndarray | None = None            # ... and the reference's codes [frames, Q]
 
 
 @dataclass
@@ -76,8 +88,10 @@ def codec_prefix(cfg: ModelConfig, req: Request) -> tuple[list[int], int | None]
 
 
 def build(cfg: ModelConfig, req: Request, text_proj: Callable[[list[int]], np.ndarray],
-          codec_emb: Callable[[list[int]], np.ndarray]) -> Prompt:
-    """text_proj(ids) -> [n, Ht] through the text projection; codec_emb(ids) -> [n, Ht]."""
+          codec_emb: Callable[[list[int]], np.ndarray],
+          frame_emb: Callable[[np.ndarray], np.ndarray] | None = None) -> Prompt:
+    """text_proj(ids) -> [n, Ht] through the text projection; codec_emb(ids) -> [n, Ht];
+    frame_emb(codes [n, Q]) -> [n, Ht], each frame's summed codebook embeddings (in-context cloning)."""
     t = cfg.talker
     ids = list(req.text_ids)
     if len(ids) < 9:
@@ -103,7 +117,10 @@ def build(cfg: ModelConfig, req: Request, text_proj: Callable[[list[int]], np.nd
     rows.append(text_proj(ids[:3]))
     rows.append(np.stack([pad] * (n - 2) + [bos]) + np.stack(codec[:-1]))
     text = ids[3:-5]
-    if req.non_streaming or not text:
+    if req.ref_codes is not None:
+        rows_icl, trailing = _in_context(cfg, req, text, text_proj, codec_emb, frame_emb, eos, pad)
+        rows += rows_icl
+    elif req.non_streaming or not text:
         body = np.concatenate([text_proj(text), eos[None]]) if text else eos[None]
         rows.append(body + codec_emb([t.codec_pad_id] * len(body)))
         rows.append((pad + codec_emb([t.codec_bos_id])[0])[None])
@@ -116,9 +133,35 @@ def build(cfg: ModelConfig, req: Request, text_proj: Callable[[list[int]], np.nd
                   {"codec_prefix": prefix, "speaker": spk})
 
 
+def _in_context(cfg: ModelConfig, req: Request, text: list[int], text_proj, codec_emb, frame_emb, eos, pad):
+    """The rows after the codec prefix and the trailing text of in-context cloning (module docstring)."""
+    t = cfg.talker
+    if cfg.tts_model_type != "base":
+        raise UsageError(f"in-context cloning (--ref-text) needs a Base checkpoint; this one is {cfg.tts_model_type}")
+    ref = list(req.ref_ids or [])
+    if len(ref) < 6:
+        raise UsageError("reference text ids must be the templated reference transcript: "
+                         "<|im_start|>assistant\\n ... <|im_end|>\\n (>= 6 ids)")
+    codes = np.asarray(req.ref_codes)
+    if codes.ndim != 2 or len(codes) < 1:
+        raise UsageError(f"reference codes must be [frames >= 1, codebooks], got shape {list(codes.shape)}")
+    tx = np.concatenate([text_proj(ref[3:-2] + text), eos[None]])
+    cx = np.concatenate([codec_emb([t.codec_bos_id]), frame_emb(codes)])
+    if req.non_streaming:
+        return [tx + codec_emb([t.codec_pad_id] * len(tx)), cx + pad], pad[None]
+    if len(tx) > len(cx):
+        return [tx[:len(cx)] + cx], tx[len(cx):]
+    return [np.concatenate([tx, np.repeat(pad[None], len(cx) - len(tx), 0)]) + cx], pad[None]
+
+
 def template_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(ASSISTANT_TEMPLATE.format(text=text))
 
 
 def instruct_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(INSTRUCT_TEMPLATE.format(text=text))
+
+
+def ref_ids(tokenizer, text: str) -> list[int]:
+    """The reference transcript as upstream's `_build_ref_text` templates it."""
+    return tokenizer.encode(REF_TEMPLATE.format(text=text))

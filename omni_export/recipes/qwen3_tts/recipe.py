@@ -4,7 +4,8 @@ Shape symbols: Ht talker hidden, Tw text-embedding width, Lt / KVt / HDt talker 
 head dim (Lt1 / Lt2: the layers of each half of a split talker, --talker-parts 2); Lp / KVp / HDp
 the same for the code predictor; V predictor vocab (2048), Vt talker codec vocab (3072), Q code
 groups (16); P prefill tokens, C context slots; L / N Code2Wav left-context and chunk frames, S
-samples per frame (1920); F the speaker encoder's window: the most log-mel frames of a reference.
+samples per frame (1920); F the speaker encoder's window: the most log-mel frames of a reference;
+E the speech encoder's window in codec frames (12.5 Hz) and R = E * S its samples.
 
 Where embedding gathers run, and why: the text embedding table (151936 x 2048, 0.6 GB in bf16) stays
 on the host and only the gathered rows enter `text_projection`, so no NPU graph carries a table
@@ -118,6 +119,20 @@ COMPONENTS = (
                 T("length", (1,), I32, "L, the reference's frames: from the largest reflect pad + 1 to F")),
         outputs=(T("embedding", (1, "Ht"), F32),),
         gates_db=_LM_GATES, requires=("speaker_encoder",), version="2"),
+    Component(
+        name="speech_encoder",
+        doc="12 Hz speech tokenizer's encoder (Base checkpoints; in-context cloning): a reference of up to E "
+            "codec frames, zero-padded to R samples, and its length -> upstream's codes of the reference",
+        inputs=(T("wav", (1, "R"), F32, "24 kHz reference (host); samples past its length are zeros"),
+                T("length", (1,), I32, "the reference's samples, 1 to R")),
+        outputs=(T("codes", (1, "E", "Q"), I32, "16 codes per frame; frames from ceil(length / S) on are padding"),
+                 T("margins", (1, "E", "Q"), F32, "gap between the two nearest codewords' distances at each "
+                                                  "residual level")),
+        # Codes are discrete: gated on agreement with fp32, frame by frame over the residual levels
+        # (each level quantizes what the previous left); a flip where fp32's two nearest codewords were
+        # within TIE_MARGIN of each other is excused, as the predictor frame's (metrics.tie_aware).
+        gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.99, tie_margins={"codes": "margins"},
+        requires=("speech_encoder",)),
 )
 
 RECIPE = Recipe(
@@ -153,6 +168,11 @@ RECIPE = Recipe(
                      "of any reference from its largest reflect pad + 1 frames (5 at upstream's geometry) to F; a longer "
                      "one is an error, never cropped",
                      range=(16, 6000)),
+        RecipeOption("encoder-frames", int, 125,
+                     "speech encoder (in-context cloning, Base): maximum 12.5 Hz codec frames of a reference (E; "
+                     "125 = 10 s). The graph takes a zero-padded window of E x 1920 samples and the valid length and "
+                     "gives upstream's codes of any reference up to it; a longer one is an error, never cropped",
+                     affects=("speech_encoder",), range=(1, 750)),
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
                      "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=(), range=(0, 2048)),
@@ -169,7 +189,9 @@ RECIPE = Recipe(
         RecipeOption("variant", str, "custom_voice",
                      "with --random-weights or the demo: custom_voice, base or voice_design"),
     ),
-    version="4",          # 4: Base captures use references of varied length (the speaker encoder's window)
+    # 4: Base captures use references of varied length (the speaker encoder's window); 5: half of the
+    # Base calibration prompts and one held-out prompt clone in context (the speech encoder's inputs)
+    version="5",
     # One 80 ms frame of audio (12.5 Hz codes): one talker step, one predictor frame (codes 1..15),
     # and 1/N of a Code2Wav chunk of N frames.
     realtime=RealTime(

@@ -47,7 +47,7 @@ from torch import nn
 
 from ...core import UsageError
 from ...weights import TensorDecl, load_tensors, read_header, refuse_pickles
-from .modules import LayerScale
+from .modules import MASK_VALUE, LayerScale
 from .checkpoint import TOKENIZER_MODEL_TYPE, _require_type, conv, linear, read_json, speech_tokenizer_dir
 
 PREFIX = "encoder."
@@ -319,7 +319,9 @@ class SEANet(nn.Module):
         for layer in self.layers:
             if length is not None and isinstance(layer, PaddedConv) and layer.stride > 1:
                 x = x * (torch.arange(x.shape[-1]) < length).to(x.dtype)
-                length = (length + layer.stride - 1) // layer.stride
+                # a truncating division (lengths are >= 0): floor division exports as a sign
+                # correction (Mod, Less, Equal on bools) that the HTP cannot compile
+                length = torch.div(length + layer.stride - 1, layer.stride, rounding_mode="trunc")
             x = layer(x)
         return x, length
 
@@ -393,21 +395,34 @@ class Transformer(nn.Module):
         freqs = torch.outer(torch.arange(t, dtype=torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
-        # plain causal (see the module docstring: upstream does not apply sliding_window)
-        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)
+        # plain causal (see the module docstring: upstream does not apply sliding_window). Upstream
+        # masks with float32's lowest value; a constant that large is left unquantized by the QDQ
+        # quantizer (a float Add the HTP cannot run in a w8a16 graph): MASK_VALUE (-100) gives the
+        # masked keys weights below 4e-44, which change no code
+        mask = torch.full((t, t), MASK_VALUE).triu(1)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return x
 
 
-def _nearest(x: torch.Tensor, table: torch.Tensor, table_sq: torch.Tensor) -> torch.Tensor:
-    """Index of the nearest codeword for each row of x [T, D]; table [K, D], table_sq [K]. The
-    distance as torch.cdist's matmul path computes it (upstream's numerics, ties included)."""
+def _distances(x: torch.Tensor, table: torch.Tensor, table_sq: torch.Tensor) -> torch.Tensor:
+    """Distances [T, K] of each row of x [T, D] to each codeword; table [K, D], table_sq [K]. As
+    torch.cdist's matmul path computes them (upstream's numerics, ties included)."""
     xs = x.pow(2).sum(-1, keepdim=True)
     a = torch.cat([x * -2, xs, torch.ones_like(xs)], dim=-1)
     b = torch.cat([table, torch.ones_like(table_sq)[:, None], table_sq[:, None]], dim=-1)
-    d = torch.matmul(a[None], b[None].mT)[0].clamp_min(0).sqrt()
-    return d.argmin(dim=-1)
+    return torch.matmul(a[None], b[None].mT)[0].clamp_min(0).sqrt()
+
+
+def _nearest(x: torch.Tensor, table: torch.Tensor, table_sq: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest codeword for each row of x [T, D]."""
+    return _distances(x, table, table_sq).argmin(dim=-1)
+
+
+def _margin(d: torch.Tensor) -> torch.Tensor:
+    """The gap between the two nearest codewords' distances [T] (the decision's margin)."""
+    two = torch.topk(d, 2, dim=-1, largest=False).values
+    return two[:, 1] - two[:, 0]
 
 
 class RVQ(nn.Module):
@@ -420,14 +435,19 @@ class RVQ(nn.Module):
         self.register_buffer("codebooks", torch.zeros(n, c.codebook_size, c.codebook_dim))
         self.register_buffer("codebooks_sq", torch.zeros(n, c.codebook_size))
 
-    def forward(self, latent):                 # [1, H, T] -> codes [T, n]
+    def forward(self, latent, margins: bool = False):     # [1, H, T] -> codes [T, n] (, margins [T, n])
         x = self.input_proj(latent) if self.input_proj is not None else latent
         residual = x[0].transpose(0, 1)        # [T, D]
-        codes = []
+        codes, gaps = [], []
         for i in range(self.codebooks.shape[0]):
-            idx = _nearest(residual, self.codebooks[i], self.codebooks_sq[i])
+            d = _distances(residual, self.codebooks[i], self.codebooks_sq[i])
+            idx = d.argmin(dim=-1)
             residual = residual - self.codebooks[i][idx]
             codes.append(idx)
+            if margins:
+                gaps.append(_margin(d))
+        if margins:
+            return torch.stack(codes, dim=-1), torch.stack(gaps, dim=-1)
         return torch.stack(codes, dim=-1)
 
 
@@ -463,6 +483,45 @@ class SpeechEncoder(nn.Module):
     def forward(self, wav: torch.Tensor, length: torch.Tensor | None = None) -> torch.Tensor:
         z = self.latent(wav, length)
         return torch.cat([self.semantic(z), self.acoustic(z)], dim=-1)
+
+
+class SpeechEncoderGraph(nn.Module):
+    """The `speech_encoder` component: wav [1, R] (a reference zero-padded to the window) and its
+    valid samples [1] (int32) -> codes [1, R / 1920, Q] (int32) and margins [1, R / 1920, Q]: at
+    each residual level, the gap between the two nearest codewords' distances (the codes are gated
+    on agreement with fp32, a flip at a near tie excused; parity/metrics.py). Frames from
+    ceil(length / 1920) on are padding: the host drops them."""
+
+    def __init__(self, encoder: SpeechEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, wav, length):
+        z = self.encoder.latent(wav, length.to(torch.int64))
+        (sc, sm), (ac, am) = self.encoder.semantic(z, margins=True), self.encoder.acoustic(z, margins=True)
+        return torch.cat([sc, ac], dim=-1).to(torch.int32)[None], torch.cat([sm, am], dim=-1)[None]
+
+
+def window(wav, samples: int) -> dict:
+    """The graph's inputs for a reference [S] (S <= samples): zero-padded to `samples`, and S."""
+    import numpy as np
+
+    x = np.zeros((1, samples), np.float32)
+    x[0, :len(wav)] = wav
+    return {"wav": x, "length": np.array([len(wav)], np.int32)}
+
+
+def check_reference(samples: int, most_frames: int, samples_per_frame: int, sr: int = 24000,
+                    what: str = "the reference audio", hint: str = "") -> int:
+    """The reference's codec frames, or a one-line UsageError past the window (never cropped)."""
+    n = -(-samples // samples_per_frame)
+    if n > most_frames:
+        raise UsageError(f"{what} is {samples / sr:.2f} s ({n} codec frames); the speech encoder (in-context "
+                         f"cloning) takes at most {most_frames} frames ({most_frames * samples_per_frame / sr:.2f} s, "
+                         f"--encoder-frames): trim it{', or ' + hint if hint else ''}")
+    if n < 1:
+        raise UsageError(f"{what} is empty")
+    return n
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,14 @@ the exported graphs of a build (--build OUT --runner ort|htp|pte).
   omni-export synth qwen3-tts --build artifacts/qwen3-tts-s25-htp --runner htp --text "Hi." --wav hi.wav
   omni-export synth qwen3-tts --checkpoint DIR --text-ids 151644,77091,198,... --greedy --codes-out c.npy
   omni-export synth qwen3-tts --checkpoint DIR --codes c.npy --wav out.wav        (decode only)
+  omni-export synth qwen3-tts --checkpoint BASE --ref-audio me.wav --ref-text "What me.wav says." \
+      --text "Hello there." --wav out.wav                          (in-context voice cloning)
+
+Base checkpoints clone the voice of --ref-audio as upstream's generate_voice_clone does. With
+--ref-text (the reference's transcript) in context: the reference's codes (the speech tokenizer's
+encoder, at most --encoder-frames of the build: 10 s by default) and its transcript lead the prompt,
+the talker continues them, and --wav holds only the new speech. Without --ref-text, by its x-vector
+alone (upstream's x_vector_only_mode). With no --ref-audio a synthetic voice stands in.
 
 Sampling follows the checkpoint's generation_config.json as upstream's generate does: each key
 (in brackets in the options below) unless its flag is given, else upstream's default
@@ -142,6 +150,9 @@ def options() -> list:
         o(["--ref-audio"], type=click.Path(exists=True, dir_okay=False), default=None,
           help="Base checkpoints: reference voice WAV; its x-vector is upstream's over the whole reference, "
                "which may be at most --speaker-frames log-mel frames (the build's; 938 = 10 s by default)"),
+        o(["--ref-text"], default=None,
+          help="Base checkpoints: the transcript of --ref-audio; clones in context (the reference's codes and this "
+               "text lead the prompt, as upstream's default voice cloning); without it, by x-vector only"),
         o(["--text-mode"], type=click.Choice(["auto", "streaming", "non-streaming"]), default="auto", show_default=True,
           help="non-streaming puts all text in the prompt; auto follows upstream (non-streaming for "
                "CustomVoice / VoiceDesign, streaming for Base)"),
@@ -207,6 +218,8 @@ def _run(model, build, kw, name: str) -> dict:
             if voice is not None:
                 _check_window(graphs, build)
                 req.speaker_embedding = model.speaker_embedding(graphs, voice)
+                if req.ref_ids is not None:
+                    req.ref_codes = model.reference_codes(graphs, voice)
             if build and not kw.get("predictor"):
                 kw = {**kw, "predictor": "frame" if "predictor_frame" in graphs.specs else "step"}
             gen_kw, notes = _gen_kwargs(model, kw)
@@ -217,7 +230,10 @@ def _run(model, build, kw, name: str) -> dict:
                              f"with {', '.join(gaps)}")
             gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False)
             codes = gen.codes
-        wav = model.decode(graphs, codes) if len(codes) else np.zeros(0, np.float32)
+        if req is not None and req.ref_codes is not None:    # upstream decodes the reference with them
+            wav = model.decode_continuation(graphs, req.ref_codes, codes)
+        else:
+            wav = model.decode(graphs, codes) if len(codes) else np.zeros(0, np.float32)
     finally:
         if build:
             graphs.close()
@@ -233,6 +249,9 @@ def _run(model, build, kw, name: str) -> dict:
             **({"text_ids": [int(i) for i in req.text_ids]} if req else {}),
             **({"instruct_ids": [int(i) for i in req.instruct_ids]} if req and req.instruct_ids else {}),
             **({"text_split": split[0], "text_split_reason": split[1]} if split else {}),
+            **({"voice_clone": "in-context" if req.ref_ids else "x-vector"} if voice is not None else {}),
+            **({"ref_ids": [int(i) for i in req.ref_ids], "ref_frames": int(len(req.ref_codes))}
+               if req is not None and req.ref_ids else {}),
             "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {})}
 
 
@@ -278,9 +297,11 @@ def _request(model, kw, build, name: str):
     """The request, every id checked against the text vocabulary and its prompt against the talker's
     context, before any graph runs; the reference voice's samples (Base checkpoints), or None; and
     the tokenizer's split and why (--text / --instruct), or None."""
+    import numpy as np
+
     from ...core import UsageError
     from ...text_tokenizer import MissingTokenizer, load as load_tokenizer
-    from .prompt import Request, instruct_ids
+    from .prompt import Request, instruct_ids, ref_ids
 
     cfg = model.cfg
     vocab = cfg.talker.text_vocab_size
@@ -289,7 +310,20 @@ def _request(model, kw, build, name: str):
     ins = _ids(kw.get("instruct_ids"), ins_option)
     if ids is None and not kw.get("text"):
         raise UsageError("give --text, --text-ids or --codes")
-    tokenize = ids is None or (ins is None and kw.get("instruct"))
+    ref_text = kw.get("ref_text")
+    if ref_text is not None:
+        if not kw.get("ref_audio"):
+            raise UsageError("--ref-text is the transcript of --ref-audio: give the reference WAV too")
+        if cfg.tts_model_type != "base":
+            raise UsageError(f"--ref-text (in-context cloning) needs a Base checkpoint; this one is "
+                             f"{cfg.tts_model_type}")
+        if not ref_text.strip():
+            raise UsageError("--ref-text is empty; give the transcript of --ref-audio, or omit it to clone by "
+                             "x-vector only")
+        if model.speech_encoder_config is None:
+            raise UsageError(f"--ref-text: {name} has no speech tokenizer encoder (speech_tokenizer/config.json "
+                             f"without encoder_config): it clones by x-vector only; omit --ref-text")
+    tokenize = ids is None or (ins is None and kw.get("instruct")) or ref_text is not None
     if not tokenize and (kw.get("text_split") or "auto") != "auto":
         raise UsageError("--text-split applies to --text and --instruct; --text-ids and --instruct-ids are fed as given")
     split = None
@@ -303,10 +337,13 @@ def _request(model, kw, build, name: str):
         if ins is None and kw.get("instruct"):
             ins_option = "--instruct"
             ins = instruct_ids(model.tokenizer, kw["instruct"])
+        refs = ref_ids(model.tokenizer, ref_text) if ref_text is not None else None
     except MissingTokenizer as e:      # its hint fits a build; synth has a way around the tokenizer
+        if ref_text is not None and ids is not None and not kw.get("instruct"):
+            raise UsageError(f"{e}; --ref-text needs it") from None
         way = "--text-ids instead of --text" if ids is None else "--instruct-ids instead of --instruct"
         raise UsageError(f"{e}, or pass {way}") from None
-    for given, option in ((ids, text_option), (ins or [], ins_option)):
+    for given, option in ((ids, text_option), (ins or [], ins_option), (refs or [], "--ref-text")):
         check_ids(given, vocab, option, name, tokenized=option in ("--text", "--instruct"))
     if ins and cfg.tts_model_type == "custom_voice" and "0b6" in cfg.tts_model_size:
         ins = None   # upstream's wrapper drops instructions for the 0.6B CustomVoice model
@@ -326,6 +363,13 @@ def _request(model, kw, build, name: str):
             voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate)
             check_reference(len(voice), model.speaker_frames, shortest(cfg.speaker_encoder), model.speech.sample_rate,
                             f"--ref-audio {kw['ref_audio']}", context_hint("qwen3-tts", build, "speaker-frames"))
+            if refs is not None:        # its codes come from the encoder graph; their count is known now
+                from .speech_encoder import check_reference as check_encoder_window
+
+                n = check_encoder_window(len(voice), model.encoder_frames, model.speech.config.samples_per_frame,
+                                         model.speech.sample_rate, f"--ref-audio {kw['ref_audio']}",
+                                         context_hint("qwen3-tts", build, "encoder-frames"))
+                req.ref_ids, req.ref_codes = refs, np.zeros((n, cfg.predictor.num_code_groups), np.int64)
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
     _check_context(model, req, text_option, ins_option if ins else None, build)
@@ -347,11 +391,13 @@ def _check_context(model, req, text_option: str, ins_option: str | None, build) 
         return np.zeros((len(ids), 1), np.float32)
 
     voice = np.zeros(1, np.float32) if model.cfg.tts_model_type == "base" else None
-    pr = build_prompt(model.cfg, dataclasses.replace(req, speaker_embedding=voice), stand_in, stand_in)
+    pr = build_prompt(model.cfg, dataclasses.replace(req, speaker_embedding=voice), stand_in, stand_in, stand_in)
     need, context = len(pr.embeds) + len(pr.trailing), int(model.options["context-length"])
     if need <= context:
         return
     given = f"{text_option}: {len(req.text_ids)} tokens"
+    if req.ref_ids:
+        given += f", --ref-text: {len(req.ref_ids)} tokens and --ref-audio: {len(req.ref_codes)} frames"
     if ins_option:
         given += f" and {ins_option}: {len(req.instruct_ids)} tokens"
     raise UsageError(f"{given} need {need} talker positions with the prompt; the context holds {context} "
