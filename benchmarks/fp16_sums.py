@@ -122,8 +122,14 @@ def run(args) -> dict:
         t0 = time.time()
         g = model.graph(comp)
         names = [s.name for s in g.inputs]
-        inputs = [tuple(torch.from_numpy(np.array(s[n])) for n in names)
-                  for s in model.samples(comp, "heldout").inputs[:args.samples]]
+        if args.random_codes and comp.startswith("code2wav"):
+            rng = np.random.default_rng(0)
+            codes, mask = g.inputs
+            samples = [{codes.name: rng.integers(0, 2048, codes.shape).astype(np.int32),
+                        mask.name: np.ones(mask.shape, np.float32)} for _ in range(args.samples)]
+        else:
+            samples = model.samples(comp, "heldout").inputs[:args.samples]
+        inputs = [tuple(torch.from_numpy(np.array(s[n])) for n in names) for s in samples]
         row = {"samples": len(inputs), "graph": four(g.module, g.module, inputs), "blocks": {}}
         if comp.startswith(("talker", "predictor")) and args.layers:
             got, dec = layer_inputs(g.module, inputs, args.layers)
@@ -167,6 +173,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
                    help="decoder layers to score alone (e.g. 0,13,27)")
     p.add_argument("--blocks", type=lambda s: s.split(","), default=[], help="Code2Wav blocks to score alone")
+    p.add_argument("--random-codes", action="store_true",
+                   help="Code2Wav fed seeded random codes (every frame real) instead of captured windows: "
+                        "no talker generation, no talker weights read")
     p.add_argument("--work", default=str(ROOT / "benchmarks" / ".work"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)

@@ -230,7 +230,7 @@ def _recipe_command(name: str) -> click.Command:
                 max_memory=int(max_memory * 1e9) if max_memory else None,
                 keep_sources=keep_sources or hub_opts is not None)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
-            console = _Console(quiet or as_json)
+            console = _Console(quiet)           # --json: progress on stderr, stdout only the JSON
             with _native_stdout_to_stderr(), interrupts_latched():
                 result = run(opts, console)
                 result.manifest, result.exit_code, notes = hub_cli.after_build(result, hub_opts, pre, console)
@@ -405,8 +405,10 @@ def _synth_command(name: str, module_path: str) -> click.Command:
     module = importlib.import_module(module_path)
 
     def callback(as_json, debug, **kw):
-        try:
-            with _native_stdout_to_stderr():
+        from .progress import frame_lines
+
+        try:   # frames done / total with an ETA on stderr (progress.frame_lines)
+            with _native_stdout_to_stderr(), frame_lines(lambda text: click.echo(text, err=True)):
                 summary = module.run(**kw)
         except UsageError as e:
             _fail(str(e), debug)

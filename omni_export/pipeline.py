@@ -22,7 +22,7 @@ from .jobs import record
 from .jobs.component import HEAVY_BYTES, ComponentJobs
 from .jobs.e2e import EndToEndJobs
 from .jobs.plan import RunOptions, plan
-from .progress import InterruptPoints, Progress, StageLog
+from .progress import InterruptPoints, Paced, Progress, StageLog
 from .recipes import load_callable
 
 @dataclass
@@ -38,7 +38,8 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
     progress = progress or Progress()
     if os.environ.get("OMNI_EXPORT_STAGE_LOG"):
         progress = StageLog(progress, os.environ["OMNI_EXPORT_STAGE_LOG"])
-    progress = InterruptPoints(progress)
+    paced = Paced(progress)                      # a heartbeat line whenever 10 s pass without one
+    progress = InterruptPoints(paced)
     plan(opts)                                   # flags are checked before any work starts
     store = Store(opts.out)
     try:
@@ -52,11 +53,14 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
         progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
                       + (f"the components it finished are reused ({', '.join(done)}), " if done else "")
                       + "its other files are rebuilt or removed")
+    paced.start()
     try:
-        return Build(opts, store, progress, previous).run()
+        return Build(opts, store, progress, previous, paced).run()
     except BaseException as e:
         _raise_if_disk_full(e, opts.out, store.abort())
         raise
+    finally:
+        paced.stop()
 
 
 def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
@@ -71,10 +75,16 @@ def _raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
 class Build:
     """One run: what the jobs share (options, output store, progress, the loaded model) and its record."""
 
-    def __init__(self, opts: RunOptions, store: Store, progress: Progress, previous: dict | None):
+    def __init__(self, opts: RunOptions, store: Store, progress: Progress, previous: dict | None,
+                 paced: Paced | None = None):
         from .artifacts.cache import BuildCache
+        from .jobs.eta import CostModel
 
         self.opts, self.store, self.progress, self.previous = opts, store, progress, previous
+        self.paced = paced or Paced(progress)
+        self.costs = CostModel.load(progress.note)      # past runs' job seconds, for the ETA (jobs/eta.py)
+        self.eta = None
+        self.frame_files: dict[str, str] = {}     # end-to-end job id -> its frame meter (progress.FrameFile)
         self.recipe_options = record.recipe_options(opts)
         self.cache = BuildCache(opts, previous, self.recipe_options, record.rewrites(opts), reuse=not opts.force)
         self.created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -176,21 +186,80 @@ class Build:
             # heavy steps overlap only while their estimates fit in what is free (or under --max-memory);
             # without --max-memory, QNN compiles and quantizations reserving GiBs run alone (memory.runs_alone)
             gate = MemoryGate(build_budget(opts.max_memory), alone=opts.max_memory is None)
+            self.eta = self._plan_and_eta(the_plan, graph, executor, gate)
             sched = Scheduler(graph, executor, gate, on_start=lambda j: self.progress.job_started(j.label),
                               is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError),
-                              on_status=self.progress.jobs_status)
+                              on_status=self._status)
             try:
                 sched.run()
             finally:
+                self.paced.status = None
                 executor.close()
+            self.eta.finish()
             self.memory_gate = gate.report()
             for cj in self.runs.values():
                 if cj.record and (cj.record.get("weight_bytes") or 0) >= HEAVY_BYTES:
                     cj.record["timings"]["memory_gate"] = self.memory_gate
+        else:
+            self._plan_and_eta(the_plan, graph, None, None)
         self.available = available
         manifest = record.finish(self, the_plan, order, graph, seeds, started)
+        self._learn(graph)
         s = manifest["summary"]
         return Result(manifest, 3 if s["components_without_accepted_build"] or s["end_to_end_failed"] else 0, opts.out)
+
+    # ---- the plan, the ETA and the cost model (jobs/eta.py)
+    def _signature(self, the_plan) -> str:
+        from .jobs.eta import signature
+
+        o = self.opts
+        return signature(self.cache.checkpoint["digest"], o.recipe.name, o.target.name, the_plan.builds,
+                         {"attribution": o.attribution, "e2e": o.e2e, "recipe": self.recipe_options,
+                          "reused": sorted(self.components)})
+
+    def _weight_of(self, component: str | None):
+        run = self.runs.get(component) if component else None
+        return run.info.get("weight_bytes") if run is not None and run.info else None
+
+    def _plan_and_eta(self, the_plan, graph, executor, gate):
+        from .jobs.eta import Eta, EtaReport, plan_lines
+
+        self._sig = self._signature(the_plan)         # before the graph runs: which components were reused
+        late = self.costs.late.get(self._sig, [])
+        workers = executor.slots if executor is not None else 0
+        eta = Eta(graph, self.costs, self.cache.checkpoint["digest"], max(1, workers), gate.budget if gate else None,
+                  late, self._weight_of)
+        lines = plan_lines(the_plan, graph, sorted(self.components), workers,
+                           executor.name if executor is not None else "-", eta.late)
+        if executor is None:
+            for line in lines:
+                self.progress.note(line)
+            return None
+        report = EtaReport(eta, self.progress, self.paced, self.frame_files)
+        report.start(lines)
+        return report
+
+    def _status(self, running, done: int, total: int) -> None:
+        self.progress.jobs_status(running, done, total)
+        if self.eta is not None:
+            self.eta.tick(running, done, total)
+
+    def _learn(self, graph) -> None:
+        """The finished graph's job seconds into the cost model, for the next run's ETA."""
+        if not len(graph):
+            return
+        weights = {c: (r.get("weight_bytes") if isinstance(r, dict) else None) for c, r in self.components.items()}
+        records = [{**j.record(), "component": j.component} for j in graph.jobs.values()]
+        # a run that captured the inputs from the fp32 model (capture cache missed or off) paid for it in
+        # its first trace: its traces are kept apart, the fallback for a component never traced otherwise
+        if any(not (r.info.get("capture") or {"hit": True}).get("hit", True) for r in self.runs.values()):
+            records = [{**r, "id": r["id"] + " (capturing)"} if r["kind"] == "trace" else r for r in records]
+        late = self.eta.eta.late_records() if self.eta is not None else []
+        self.costs.observe(records, weights, self.cache.checkpoint["digest"], self._sig, late)
+        why = self.costs.save()
+        if why:
+            self.progress.note(f"warning: {why}")
+
 
 def describe_exception() -> str:  # used by the CLI's --debug
     return traceback.format_exc()

@@ -227,7 +227,7 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     class Run:
         store = type("S", (), {"root": tmp_path})()
         cache = type("C", (), {"reuse_e2e": lambda self, runners: None})()
-        progress, components, entries, runs = Progress(), {}, {}, {}
+        progress, components, entries, runs, frame_files = Progress(), {}, {}, {}, {}
         loaded_model = type("M", (), {"info": {"path": str(tmp_path)}})()
 
         def gate(self, component, precision):

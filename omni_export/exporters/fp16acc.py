@@ -8,9 +8,9 @@ multiply-add per reduction term, each rounded to fp16. A fp16 .pte scored on the
 says little about the second (docs/fp16-pte.md).
 
 `Fp16Accumulation` is a TorchDispatchMode under which the fp16 aten matrix products of an eager
-module are computed that way (sequential fp16 sum; the products exact, the sums double-rounded
-through float64, which differs from one rounding only on exact ties of the fp64 value); every
-other op is torch's own. The 0.6B text projection under it scores what the fp16 .pte scored on an
+module are computed that way (sequential fp16 sum; each product exact in float32, the sum rounded
+to float32 and then to fp16: a double rounding, which differs from one rounding by one fp16 ulp
+only when the first lands on a tie of the second); every other op is torch's own. The 0.6B text projection under it scores what the fp16 .pte scored on an
 AVX512-FP16 Xeon (docs/fp16-pte.md). It is slow (one pass per reduction term): for a few blocks,
 not for whole models in tests.
 """
@@ -27,13 +27,16 @@ def sequential_mm(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = 
     """a [..., M, K] @ b [..., K, N] summed in fp16 term by term (k = 0, 1, ...), from `init`
     (broadcast to the output; zeros when None). Inputs fp16; result fp16."""
     shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    acc = torch.zeros(shape, dtype=torch.float64)
+    acc = torch.zeros(shape, dtype=torch.float32)
     if init is not None:
-        acc = acc + init.to(torch.float16).double()
-    a64, b64 = a.double(), b.double()
+        acc += init.to(torch.float16).float()
+    a32, b32 = a.float(), b.float()
+    half = torch.empty(shape, dtype=torch.float16)
     for k in range(a.shape[-1]):
-        acc = (acc + a64[..., k:k + 1] * b64[..., k:k + 1, :]).half().double()
-    return acc.half()
+        torch.addcmul(acc, a32[..., k:k + 1], b32[..., k:k + 1, :], out=acc)
+        half.copy_(acc)
+        acc.copy_(half)
+    return half
 
 
 def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from ..artifacts.store import STAGING
 from ..core import Precision
 from .graph import Job
 
@@ -73,9 +74,11 @@ class EndToEndJobs:
             runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}
             runners = {k: v for k, v in runners.items() if v}
             name = "end-to-end/" + "+".join(group)
+            meter = self.run.store.root / STAGING / f"frames-{'+'.join(group)}.json"   # its frames, for the heartbeat
+            self.run.frame_files[name] = str(meter)
             self.graph.add(Job(name, "e2e", deps, label=f"end-to-end: {', '.join(group)} on "
                                                           f"{', '.join(runners)}",
-                               bind=lambda jobs, r=runners: self._bind(r),
+                               bind=lambda jobs, r=runners, m=str(meter): self._bind(r, m),
                                done=lambda job, g=group: self._done(job, g),
                                memory=int(E2E_MEMORY_FACTOR * weights) if heavy else 0, fresh=heavy,
                                after_all=True))
@@ -101,12 +104,12 @@ class EndToEndJobs:
         info = b.loaded_model.info if b.loaded_model is not None else b.previous["checkpoint"]
         return record.manifest(b.opts, info, self.plan_, entries, components, 0.0)
 
-    def _bind(self, runners: dict):
+    def _bind(self, runners: dict, meter: str | None = None):
         from . import work
 
         b = self.run
         return work.end_to_end, (b.opts.recipe.name, b.checkpoint_path(), json.dumps(b.recipe_options),
-                                 str(b.store.root), json.dumps(self.snapshot()), runners)
+                                 str(b.store.root), json.dumps(self.snapshot()), runners, meter)
 
     def _done(self, job: Job, group: tuple) -> None:
         from ..progress import StageNote

@@ -155,11 +155,12 @@ class _Event:
     job: str = field(compare=False)
 
 
-def project_wall(records: list[dict], workers: int, budget: int | None = None) -> float:
+def project_wall(records: list[dict], workers: int, budget: int | None = None, first=frozenset()) -> float:
     """The wall time of a recorded job graph at `workers` worker slots (a projection): list scheduling
     over the recorded DAG and durations, longest remaining chain first, driver jobs one at a time in
     their own lane, heavy jobs under a memory `budget` (bytes; None: no limit) with the build's rule
-    that a job always starts when nothing else heavy is held, and `alone` jobs with nothing heavy beside."""
+    that a job always starts when nothing else heavy is held, and `alone` jobs with nothing heavy beside.
+    Jobs in `first` start before the others (the ones already running, for the build's ETA)."""
     jobs = {r["id"]: r for r in records if r.get("seconds") is not None}
     children: dict[str, list[str]] = {j: [] for j in jobs}
     for r in jobs.values():
@@ -175,7 +176,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None) -
     held, heavy, alone_on, driver_busy, now, seq, free = 0, 0, False, False, 0.0, 0, workers
     done = 0
     while done < len(jobs):
-        ready.sort(key=lambda j: -rem[j])
+        ready.sort(key=lambda j: (j not in first, -rem[j]))
         started = True
         while started:
             started = False

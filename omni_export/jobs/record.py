@@ -154,6 +154,8 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["reproducibility"] = repro.declared(m)
     m["cache"] = build.cache.summary(build.available or sorted(components), runners, e2e_reused)
     m["timings"]["total_s"] = round(time.time() - started, 3)
+    if getattr(build, "eta", None) is not None:
+        m["timings"]["eta"] = build.eta.record()          # the first ETA against the wall (jobs/eta.py)
     with build.progress.stage("write parity.json, report.md, report.html"):
         write_reports(build.store.root, m, write=build.store.write_text)
     build.store.finish(m)

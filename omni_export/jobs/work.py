@@ -192,10 +192,14 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
     return rows
 
 
-def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: str, runners: dict) -> dict:
+def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: str, runners: dict,
+               meter: str | None = None) -> dict:
     """The recipe's end-to-end rows for `runners` over the builds in OUT that `manifest` lists; the
-    model loaded here (weights per graph as the rows need them). {"rows", "notes"}."""
-    from ..progress import Progress
+    model loaded here (weights per graph as the rows need them). {"rows", "notes"}. The host loops'
+    frames done / total go to the file `meter` (progress.FrameFile), for the build's heartbeat."""
+    import contextlib
+
+    from ..progress import FrameFile, Progress, frame_sink
     from ..recipes import get_recipe, load_callable
 
     class Notes(Progress):
@@ -208,5 +212,6 @@ def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: s
     r = get_recipe(recipe)
     model = load_callable(r.loader)(Path(checkpoint), {**json.loads(options), "random-weights": False}, Path(out))
     progress = Notes()
-    rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress)
+    with frame_sink(FrameFile(meter)) if meter else contextlib.nullcontext():
+        rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress)
     return {"rows": rows, "notes": progress.notes}

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...progress import frames as frame_meter
+
 MASKED = -100.0          # additive mask: exp(-100) is 0 in fp32 and fp16, and keeps 16-bit activations fine
 REPETITION_WINDOW = 16
 
@@ -149,8 +151,10 @@ def generate(graphs, cfg, tables: Tables, cond: np.ndarray, o: GenOptions, cos, 
     codes, margins = [], []
     pos = len(cond)
     stopped = f"max codes ({o.max_codes})"
+    tick = frame_meter("generate", o.max_codes, bound=True, unit="codes")
     for t in range(o.max_codes):
         code, margin = pick(logits, codes, t, cfg.eos_code, o, rng)
+        tick()
         if code == cfg.eos_code:
             stopped = "eos"
             break
@@ -172,8 +176,10 @@ def teacher_forced(graphs, cfg, tables: Tables, cond: np.ndarray, ref: np.ndarra
     logits = prefill(graphs, cond, cache, cos, sin, o.prefill_tokens)
     out, margins = [], []
     pos = len(cond)
+    tick = frame_meter("teacher-forced", len(ref), unit="codes")
     for t, prev in enumerate(ref):
         code, margin = pick(logits, [], t, cfg.eos_code, GenOptions(greedy=True, min_new_tokens=o.min_new_tokens), None)
+        tick()
         out.append(code)
         margins.append(margin)
         if t < len(ref) - 1:

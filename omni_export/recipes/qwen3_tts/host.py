@@ -15,6 +15,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ...progress import frames as frame_meter
+
 
 @dataclass(frozen=True)
 class Window:
@@ -287,6 +289,7 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
         raise UsageError(f"the fused predictor frame graph cannot sample with {', '.join(frame_cannot_honour(opts))}; "
                          f"use --predictor step")
     rng = np.random.default_rng(opts.seed)
+    tick = frame_meter("generate", opts.max_frames, bound=True)
     talker = Talker(graphs, t.num_hidden_layers, t.num_key_value_heads, t.head_dim, t.rope_theta, opts)
     logits, hidden = talker.run(prompt.embeds)
     generated: list[int] = []
@@ -314,6 +317,7 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
                  gumbel(rng, (q1, cfg.predictor.vocab_size)) * np.float32(opts.sub_temperature))
         codes, emb = predictor_frame(graphs, cfg, h, c0, noise, opts, tables)
         frames.append([c0] + codes)
+        tick()
         k = len(frames) - 1
         x = emb + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.pad)
         try:
@@ -346,6 +350,7 @@ def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOpt
     generated: list[int] = []
     pred = np.zeros_like(forced)
     margins = np.zeros(forced.shape, np.float32)
+    tick = frame_meter("teacher-forced", len(forced))
     for k, frame in enumerate(forced):
         x = talker_logits(logits[-1], generated, cfg, opts)
         pred[k, 0], margins[k, 0] = int(np.argmax(x)), _top2_gap(x)
@@ -363,6 +368,7 @@ def teacher_forced(graphs, cfg, tables, prompt, forced: np.ndarray, opts: GenOpt
             for i in range(p.num_hidden_layers):
                 for kind in ("key", "value"):
                     past[f"past_{kind}_{i}"][:, :, s + 1] = out[f"new_{kind}_{i}"][:, :, 0]
+        tick()
         if k + 1 == len(forced):
             break
         x_in = tables.embedding_sum([int(c) for c in frame]) + \

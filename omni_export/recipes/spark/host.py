@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core import UsageError
+from ...progress import frames as frame_meter
 from .config import FULL, SLIDING, SparkConfig
 
 MASK = -100.0          # additive mask value (fp16- and uint16-friendly; exp(-100) is below fp32 resolution)
@@ -139,10 +140,12 @@ def generate(graphs, cfg, embedding, prompt: list[int], max_tokens: int, prefill
     s = Session(graphs, cfg, embedding, prefill_tokens, context)
     last = s.prefill(prompt)[-1]
     tokens, logits = [], []
+    tick = frame_meter("generate", max_tokens, bound=True, unit="tokens")
     while len(tokens) < max_tokens:
         tok = int(np.argmax(last))
         tokens.append(tok)
         logits.append(last)
+        tick()
         if tok in stop or len(tokens) == max_tokens:
             break
         last = s.decode(tok)
@@ -154,6 +157,8 @@ def teacher_forced(graphs, cfg, embedding, prompt: list[int], tokens: list[int],
     """The logits a build computes for each step of a given (fp32) continuation."""
     s = Session(graphs, cfg, embedding, prefill_tokens, context)
     out = [s.prefill(prompt)[-1]]
+    tick = frame_meter("teacher-forced", len(tokens) - 1, unit="tokens")
     for tok in tokens[:-1]:
         out.append(s.decode(tok))
+        tick()
     return out

@@ -1,0 +1,174 @@
+"""The build's ETA (jobs/eta.py): the cost model fitted to past runs, its file (written, reused,
+hostile ones ignored), the projection over the remaining graph, and the frame meters of host loops."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from omni_export.jobs import eta as E
+from omni_export.jobs.graph import Job, JobGraph
+from omni_export.progress import FrameFile, FrameLines, frame_sink, frames, read_frames
+
+MB = 1 << 20
+
+
+def rec(jid, kind, seconds, state="done", deps=()):
+    return {"id": jid, "kind": kind, "deps": list(deps), "where": "worker", "memory_bytes": 0, "alone": False,
+            "state": state, "seconds": seconds, "component": jid.split("/")[0]}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMNI_EXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_the_fit_prefers_the_jobs_own_runs_then_its_kind_and_component_then_the_kinds_line():
+    m = E.CostModel()
+    for s in (10.0, 12.0, 50.0):                          # the median, not the mean: one slow run is an outlier
+        m.observe([rec("talker/score/ctx/fp16", "score-htp", s)], {"talker": 100 * MB}, "ck")
+    m.observe([rec("talker/score/ctx/w8a16", "score-htp", 30.0), rec("talker/export", "export", 8.0, state="failed")],
+              {"talker": 100 * MB}, "ck")
+    assert m.estimate("talker/score/ctx/fp16", "score-htp", "talker", 100 * MB) == 12.0
+    assert m.estimate("talker/score/ctx/fp16", "score-htp", "talker", 120 * MB) == 12.0     # within SIZE_RATIO
+    # never run: the same kind and component at that size
+    assert m.estimate("talker/score/dlc/fp16", "score-htp", "talker", 100 * MB) == pytest.approx(21.0)
+    assert m.estimate("talker/export", "export", "talker", 100 * MB) is None                  # a failed run is no duration
+    # another component and size: the kind's line in GiB, only within the sizes it was fitted on
+    for w, s in ((1 << 30, 110.0), (2 << 30, 210.0)):
+        m.observe([rec("big/lower/pte/fp16", "lower-pte", s)], {"big": w}, "ck2")
+    assert E.fit_line([(1.0, 110.0), (2.0, 210.0)]) == pytest.approx((10.0, 100.0))
+    assert m.estimate("other/lower/pte/fp16", "lower-pte", "other", 3 << 29) == pytest.approx(160.0)
+    assert m.estimate("other/lower/pte/fp16", "lower-pte", "other", 40 << 30) is None         # far outside: defaults
+    assert m.estimate("other/trace", "trace", "other", None) is None
+    # the last KEEP runs are kept, and a component's weights are known before its trace
+    for i in range(E.KEEP + 3):
+        m.observe([rec("talker/score/ctx/fp16", "score-htp", float(i))], {"talker": 100 * MB}, "ck")
+    assert len(m.jobs["talker/score/ctx/fp16"]["runs"]) == E.KEEP
+    assert m.weight_of("ck", "talker") == 100 * MB and m.weight_of("nope", "talker") is None
+
+
+def test_the_cost_file_is_written_reused_and_merged(cache):
+    m = E.CostModel.load()
+    assert m.jobs == {} and m.where == cache / E.FILE
+    m.observe([rec("c/trace", "trace", 4.0)], {"c": 5 * MB}, "ck", "sig", [rec("end-to-end/fp16", "e2e", 9.0)])
+    assert m.save() is None and (cache / E.FILE).is_file()
+    other = E.CostModel.load()                       # another build, loaded before this one saves again
+    m.observe([rec("c/export", "export", 6.0)], {"c": 5 * MB}, "ck")
+    assert m.save() is None
+    other.observe([rec("c/fp16", "fp16", 1.0)], {"c": 5 * MB}, "ck")
+    assert other.save() is None                      # replays its runs onto the file as it is now
+    back = E.CostModel.load()
+    assert {k: [s for _, s in v["runs"]] for k, v in back.jobs.items()} == {
+        "c/trace": [4.0], "c/export": [6.0], "c/fp16": [1.0]}
+    assert back.late["sig"][0]["id"] == "end-to-end/fp16" and back.weight_of("ck", "c") == 5 * MB
+
+
+@pytest.mark.parametrize("make", ["garbage", "json_list", "nan_seconds", "negative", "string_runs", "deep",
+                                  "huge", "fifo", "symlink_out", "dir", "late_kind"])
+def test_a_hostile_cost_file_is_ignored_with_a_warning_and_rewritten(cache, tmp_path, make):
+    cache.mkdir(parents=True)
+    p = cache / E.FILE
+    good = {"format": 1, "tool": "omni-export", "jobs": {"c/trace": {"kind": "trace", "component": "c",
+                                                                      "runs": [[1, 3.0]]}}}
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps(good))
+    bad = {"garbage": b"\x00\xffnot json{",
+           "json_list": b"[1, 2, 3]",
+           "nan_seconds": json.dumps({**good, "jobs": {"c/trace": {"kind": "trace", "component": "c",
+                                                                     "runs": [[1, float("nan")]]}}}).encode(),
+           "negative": json.dumps({**good, "jobs": {"c/trace": {"kind": "trace", "component": "c",
+                                                                  "runs": [[1, -5]]}}}).encode(),
+           "string_runs": json.dumps({**good, "jobs": {"c/trace": {"kind": "trace", "component": "c",
+                                                                     "runs": "rm -rf /"}}}).encode(),
+           "deep": b'{"format": 1, "tool": "omni-export", "jobs": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+           "huge": b" " * (E.MAX_BYTES + 1),
+           "late_kind": json.dumps({**good, "late": {"s": [{"id": "x", "kind": "trace", "deps": [],
+                                                            "where": "worker"}]}}).encode()}
+    if make == "fifo":
+        os.mkfifo(p)                                 # opening it for reading must not hang the build
+    elif make == "symlink_out":
+        p.symlink_to(outside)                        # a valid cost file, but outside the cache: never read
+    elif make == "dir":
+        p.mkdir()
+    else:
+        p.write_bytes(bad[make])
+    warnings: list[str] = []
+    m = E.CostModel.load(warnings.append)
+    assert m.jobs == {}
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: cost model {p} ignored (")
+    assert "omni-export" not in warnings[0].replace(str(p), "")
+    m.observe([rec("c/trace", "trace", 2.0)], {"c": 1}, "ck")
+    why = m.save()
+    if make == "dir":
+        assert why is not None and why.startswith("cost model not saved to ")
+        return
+    assert why is None and not p.is_symlink() and p.is_file()
+    assert json.loads(outside.read_text()) == good            # the link's target was not written through
+    assert E.CostModel.load(warnings.append).jobs["c/trace"]["runs"] == [[1, 2.0]] and len(warnings) == 1
+
+
+def test_the_remaining_wall_is_list_scheduled_with_running_jobs_first_and_expected_late_jobs():
+    g = JobGraph()
+    g.add(Job("a/trace", "trace", where="driver", component="a"))
+    g.add(Job("a/export", "export", ("a/trace",), component="a"))
+    g.add(Job("a/score/onnx/fp16", "score", ("a/export",), component="a"))
+    g.add(Job("b/trace", "trace", where="driver", component="b"))
+    m = E.CostModel()
+    m.observe([rec("a/trace", "trace", 10.0), rec("a/export", "export", 20.0), rec("a/score/onnx/fp16", "score", 5.0),
+               rec("b/trace", "trace", 4.0)], {"a": MB, "b": MB}, "ck")
+    late = [{"id": "end-to-end/fp16", "kind": "e2e", "component": None, "deps": ["a/score/onnx/fp16"],
+             "where": "worker", "memory_bytes": 0, "alone": False}]
+    m.observe([rec("end-to-end/fp16", "e2e", 30.0)], {}, "ck")
+    eta = E.Eta(g, m, "ck", workers=2, budget=None, late=late)
+    assert eta.measured() == (4, 4)
+    # driver lane: a/trace then b/trace; workers: export 20, score 5, the row 30
+    assert eta.remaining(now=0.0) == pytest.approx(10 + 20 + 5 + 30)
+    t0 = 1000.0
+    g.jobs["a/trace"].state, g.jobs["a/trace"].started, g.jobs["a/trace"].ended = "done", t0 - 12, t0 - 2
+    g.jobs["a/export"].state, g.jobs["a/export"].started = "running", t0 - 2
+    assert eta.remaining(now=t0) == pytest.approx(18 + 5 + 30)
+    # a job past its estimate ends a quarter of its overrun later
+    assert eta.remaining(now=t0 + 38) == pytest.approx(0.25 * 20 + 5 + 30)
+    # the row is planned: the projection uses the job, not the expectation
+    g.jobs["a/export"].state, g.jobs["a/export"].ended = "done", t0 + 40
+    g.jobs["a/score/onnx/fp16"].state, g.jobs["a/score/onnx/fp16"].ended = "done", t0 + 45
+    g.jobs["b/trace"].state = "done"
+    assert eta.remaining(now=t0 + 45) == 0.0 and eta.late == []      # its moment passed without it: dropped
+
+
+def test_first_run_uses_the_graph_defaults():
+    g = JobGraph()
+    g.add(Job("a/trace", "trace", where="driver", component="a"))
+    g.add(Job("a/lower/pte/fp16", "lower-pte", ("a/trace",), component="a"))
+    eta = E.Eta(g, E.CostModel(), "ck", workers=2, budget=None)
+    assert eta.measured() == (0, 2)
+    assert eta.remaining(now=0.0) == pytest.approx(5.0 + 15.0)       # graph.DEFAULT_SECONDS
+
+
+def test_host_loop_meters_report_frames_done_of_total_with_an_eta(tmp_path):
+    lines: list[str] = []
+    with FrameLines(lines.append, every=3600) as sink, frame_sink(sink):
+        tick = frames("generate", 4, bound=True)
+        for _ in range(4):
+            tick()
+    assert len(lines) == 1 and lines[0].startswith("generate: 1/≤4 frames, ") and ", ETA ≤" in lines[0]
+    with FrameLines(lines.append, every=0.0) as sink, frame_sink(sink):
+        tick = frames("teacher-forced", 3)
+        tick()
+        sink.beat()                                  # a frame running long: a heartbeat line
+    assert lines[-1].startswith("teacher-forced: 1/3 frames") and "frame 2 running" in lines[-1]
+    frames("outside", 2)()                           # no sink: silent
+    f = tmp_path / "meter.json"
+    with frame_sink(FrameFile(f)):
+        tick = frames("teacher-forced", 10)
+        tick()
+        tick()
+    m = read_frames(f)
+    assert (m.label, m.done, m.total) == ("teacher-forced", 1, 10) or (m.done, m.total) == (2, 10)
+    assert "/10 frames" in m.text(time.time())
+    f.write_text("not json")
+    assert read_frames(f) is None and read_frames(tmp_path / "absent.json") is None
