@@ -191,6 +191,8 @@ def describe(d: dict) -> str:
     line = f"QNN could not compile node '{d['node']}' ({d.get('op_type')}{block}){io} [{d['class']}]"
     if d.get("reason"):
         line += f": {d['reason']}"
+    if d.get("also"):
+        line += f"; QNN also refused {', '.join(d['also'])}"
     return line + (f"; {d['hint']}" if d.get("hint") else "")
 
 

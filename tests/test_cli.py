@@ -41,7 +41,7 @@ def test_list_names_recipes_components_targets_precisions_formats():
     (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: text_projection, "
                                   "talker_prefill, talker_decode, talker_prefill_part1, talker_prefill_part2, "
                                   "talker_decode_part1, talker_decode_part2, predictor_prefill, predictor_decode, "
-                                  "predictor_frame, code2wav, speaker_encoder"),
+                                  "predictor_frame, code2wav, speaker_encoder, speech_encoder"),
     (["--gate", "fp16"], "--gate expects PRECISION=DB items like fp16=45, got 'fp16'"),
     (["--rewrites", "magic"], "unknown rewrite 'magic'; valid: pow_mul, act_barrier, sin_poly, conv_polyphase, none"),
     (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc; its formats: onnx, pte"),
