@@ -19,7 +19,7 @@ VERSIONS = {
     "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
     "quantize": 1,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
-                      # 2: int4 only for MatMul / Conv weights (int8 other constants), per block of input channels
+                      # 2: int4 only for MatMul / Conv weights (other constants as w8a16), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
     "pte": 2,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
                       # recipes' XNNPACK forms (talker._Xnnpack)

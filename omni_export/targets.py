@@ -99,7 +99,9 @@ FORMAT_PRECISIONS: dict[Format, tuple[Precision, ...]] = {
 UNSUPPORTED_REASON: dict[Format, str] = {
     Format.DLC: "the HTP has no fp32 datapath (build fp16 instead)",
     Format.CTX: "the HTP has no fp32 datapath (build fp16 instead)",
-    Format.PTE: "the XNNPACK exporter here has no int4-weight scheme (w4a16 is built as QDQ for the HTP)",
+    Format.PTE: ("ExecuTorch's XNNPACK takes int4 weights only with int8 dynamic activations (torchao 8da4w), "
+                 "not 16-bit ones, and its int4 weight-only program computes wrong outputs (docs/quantization.md); "
+                 "w4a16 is built as QDQ for the HTP"),
 }
 
 

@@ -229,7 +229,7 @@ def test_w4a16_is_planned_for_the_htp_formats_and_skipped_for_pte_with_a_reason(
     assert {b.format.value for b in p.builds} == {"onnx", "dlc", "ctx"}
     assert Precision.W4A16.quantized
     (skip,) = p.skipped
-    assert skip["format"] == "pte" and "no int4-weight scheme" in skip["reason"]
+    assert skip["format"] == "pte" and "int4 weights only with int8 dynamic activations" in skip["reason"]
 
 
 def test_calibrated_w8a16_is_accepted_on_the_htp_and_int4_rejected(tiny, tmp_path):

@@ -275,7 +275,7 @@ class Lowering:
             d["scheme"] = {"w8a16": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint16 activations (MinMax)",
                            "w8a8": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint8 activations (MinMax)",
                            "w4a16": f"QDQ: int4 symmetric MatMul / Conv weights (per block of {INT4_BLOCK} input channels "
-                                    "for MatMul and 1x1 Conv, else per output channel), int8 other constants, uint16 "
+                                    "for MatMul and 1x1 Conv, else per output channel), other constants as w8a16, uint16 "
                                     "activations (MinMax)"}[p.value]
             d["calibration_samples"] = len(self.traced.calibration)
             from .onnx import HEADROOM

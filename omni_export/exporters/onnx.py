@@ -507,7 +507,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     """Static QDQ for the HTP: int8 weights (w8a16, w8a8; per channel for Conv, per tensor for MatMul,
     which ONNX Runtime's QNN config quantizes per tensor, unless `per_channel_linears` lowers the
     linears as 1x1 Conv first), or for w4a16 signed symmetric int4 weights for every MatMul / Conv /
-    ConvTranspose weight laid out as `int4_weights` says (INT4_WEIGHTS) and int8 for the other constants,
+    ConvTranspose weight laid out as `int4_weights` says (INT4_WEIGHTS), the other constants as w8a16's
+    (8-bit LayerNorm weights; tables and elementwise constants at the activations' 16 bits),
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
     (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them.
     `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
@@ -585,7 +586,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     return dst
 
 
-# How w4a16 lays out its int4 weights (MatMul, Conv, ConvTranspose; the other constants are int8):
+# How w4a16 lays out its int4 weights (MatMul, Conv, ConvTranspose; the other constants as in w8a16):
 # "tensor": one scale per MatMul weight, per output channel for Conv (ONNX Runtime's QNN default, the
 # scheme before these options); "channel": one scale per output channel everywhere; "block": one scale
 # per INT4_BLOCK input channels of each output channel for MatMul and 1x1 Conv weights (ONNX
