@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 
@@ -106,6 +107,17 @@ def resolve_specs(specs: tuple[TensorSpec, ...], sizes: Mapping[str, int]) -> tu
     return tuple(out)
 
 
+def variant_name(component: str, symbol: str, value: int) -> str:
+    """The component of `component` built at another value of shape symbol `symbol` (Component.variants)."""
+    return f"{component}_{symbol.lower()[:1]}{int(value)}"
+
+
+def variant_base(name: str) -> str | None:
+    """The component a variant name was made from by variant_name (code2wav_n1 -> code2wav), or None."""
+    m = re.fullmatch(r"(.+)_[a-z]\d+", name)
+    return m.group(1) if m else None
+
+
 @dataclass(frozen=True)
 class Component:
     """One graph of a recipe: its name, I/O and gates. The nn.Module comes from the recipe's loader."""
@@ -156,6 +168,10 @@ class Component:
     # Bump when a change to this graph's module changes what it computes (its build cache keys;
     # omni_export/numerics.py has the exporters' and the runtime's).
     version: str = "1"
+    # A shape symbol the loader may also build this graph at other values of: each value is a component
+    # of its own, named variant_name(name, symbol, value) (code2wav_n1: Code2Wav at N = 1), with this
+    # one's I/O, gates and placement; which values are built is the loader's (its components()).
+    variants: str = ""
 
     def gate_db(self, precision: Precision) -> float:
         return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])
@@ -225,6 +241,11 @@ class Recipe:
         for c in self.components:
             if c.name == name:
                 return c
+        base = variant_base(name)
+        c = next((c for c in self.components if c.name == base and c.variants), None)
+        if c is not None:
+            value = name[len(base) + 2:]
+            return replace(c, name=name, doc=f"{c.doc} [{c.variants} = {value}]")
         raise UsageError(f"unknown component '{name}' for {self.name}; valid: "
                          f"{', '.join(c.name for c in self.components)}")
 
@@ -309,6 +330,8 @@ class Target:
     def place(self, component: str) -> Placement:
         if component in self.placement:
             return self.placement[component]
+        if variant_base(component) in self.placement:        # a shape variant runs where its graph runs
+            return self.placement[variant_base(component)]
         if self.default_placement is not None:
             return self.default_placement
         return Placement("htp" if self.has_htp else "cpu", self.formats, self.default_precisions)

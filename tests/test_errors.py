@@ -275,6 +275,12 @@ def test_bad_streaming_geometry(tmp_path, tiny_checkpoint):
                "Invalid value for '--chunk-frames': 0 is not in the range 1<=x<=250.", tmp_path)
 
 
+def test_bad_chunk_schedule(tmp_path, tiny_checkpoint):
+    fails_with(["--checkpoint", tiny_checkpoint, "--chunk-schedule", "1,x"],
+               "--chunk-schedule takes comma-separated new-frame counts in 1..250 (e.g. 1,2,4,8) or none; got '1,x'",
+               tmp_path)
+
+
 # --------------------------------------------------------------------------- the output directory
 
 def test_output_dir_root_cannot_create(tmp_path, tiny_checkpoint):

@@ -172,3 +172,34 @@ def test_host_loop_meters_report_frames_done_of_total_with_an_eta(tmp_path):
     assert "/10 frames" in m.text(time.time())
     f.write_text("not json")
     assert read_frames(f) is None and read_frames(tmp_path / "absent.json") is None
+
+
+def test_the_heartbeat_names_what_runs_with_an_end_to_end_rows_frames(tmp_path):
+    """EtaReport: the plan lines and a first ETA, then the heartbeat's status with the running jobs and
+    the frames an end-to-end row's worker reports through its FrameFile (planned after the report began)."""
+    from omni_export.progress import Paced, Progress
+
+    notes: list[str] = []
+
+    class Lines(Progress):
+        def note(self, text):
+            notes.append(text)
+
+    g = JobGraph()
+    g.add(Job("a/trace", "trace", where="driver", component="a", label="a: trace"))
+    progress = Lines()
+    files: dict[str, str] = {}
+    report = E.EtaReport(E.Eta(g, E.CostModel(), "ck", workers=1, budget=None), progress, Paced(progress), files)
+    report.start(["plan: 1 builds"])
+    assert notes[0] == "plan: 1 builds" and notes[1].startswith("ETA 5s, about ")
+    assert "0/1 jobs done (no past run of these jobs" in notes[1]
+    row = g.add(Job("end-to-end/fp16", "e2e", ("a/trace",), label="end-to-end: fp16 on htp"))
+    files[row.id] = str(tmp_path / "frames-fp16.json")
+    g.jobs["a/trace"].state = "done"
+    row.state, row.started = "running", time.time() - 3
+    with frame_sink(FrameFile(files[row.id])):
+        tick = frames("teacher-forced", 8)
+        tick()
+    status = report.paced.status()
+    assert status.startswith("... 1/2 jobs done, ETA ") and "end-to-end: fp16 on htp 3s of ~30s" in status
+    assert "(teacher-forced: 1/8 frames, " in status

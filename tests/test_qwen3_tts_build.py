@@ -85,6 +85,14 @@ def test_synth_through_the_build_on_the_ort_runner(build, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads(proc.stdout)
     assert s["frames"] == 6 and "on ort (fp16)" in s["graphs"]
+    # the stream's first chunk (--chunk-schedule 2, here also --chunk-frames) leaves after 2 frames
+    lat = s["latency"]
+    assert s["first_audio_after_frames"] == 2 and 0 < s["ttfa_ms"] <= lat["total_ms"] and s["rtf"] > 0
+    assert [c["frames"] for c in lat["chunks"]] == [2, 2, 2] and lat["timed_on"].startswith("wall clock of this machine")
+    assert {"text_projection", "talker_prefill", "talker_decode", "predictor_frame", "code2wav", "host"} <= set(lat["stages_ms"])
+    assert lat["stages_ms"]["talker_decode"]["calls"] == 6 and lat["stages_ms"]["code2wav"]["calls"] == 3
+    # frames done / total with an ETA on stderr (progress.frame_lines), the JSON alone on stdout
+    assert any(ln.startswith("generate: 1/≤6 frames, ") and ", ETA ≤" in ln for ln in proc.stderr.splitlines())
     codes = np.load(tmp_path / "a.npy")
     assert codes.shape == (6, 16) and codes.max() < 2048
     eager = run_cli("synth", "qwen3-tts", "--checkpoint", s["checkpoint"], "--text", "Hi there.", "--greedy",
@@ -100,6 +108,9 @@ def test_synth_decodes_given_codes_without_a_tokenizer(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads(proc.stdout)
     assert s["frames"] == 5 and s["seconds"] == 0.4
+    # the default schedule: a first chunk of 2 frames through its own graph, then the steady graph's (12)
+    assert s["first_audio_after_frames"] == 2 and s["ttfa_ms"] > 0
+    assert [(c["graph"], c["frames"]) for c in s["latency"]["chunks"]] == [("code2wav_n2", 2), ("code2wav", 3)]
     import wave
 
     with wave.open(str(tmp_path / "o.wav")) as w:

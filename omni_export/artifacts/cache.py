@@ -29,6 +29,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..core import variant_base
 from .store import listed_files, sha256_file
 
 KEY_VERSION = 2           # 2: numerics versions instead of a digest of omni-export's source
@@ -101,7 +102,7 @@ class BuildCache:
         out = {}
         for o in self.opts.recipe.options:
             affects = getattr(o, "affects", None)
-            if component is None or affects is None or component in affects:
+            if component is None or affects is None or component in affects or variant_base(component) in affects:
                 out[o.name] = _option_value(o, self.options.get(o.name))
         return out
 

@@ -394,7 +394,7 @@ class EtaReport:
 
     def __init__(self, eta: Eta, progress, paced, frame_files: dict | None = None):
         self.eta, self.progress, self.paced = eta, progress, paced
-        self.frame_files = frame_files or {}        # job id -> the FrameFile its worker writes
+        self.frame_files = {} if frame_files is None else frame_files    # job id -> its worker's FrameFile
         self.first: float | None = None             # the first projected wall, and when it was said
         self.first_at: float | None = None
         self._said_at = 0.0

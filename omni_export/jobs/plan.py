@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core import BuildSpec, Format, Precision, Recipe, Target, UsageError
+from ..core import BuildSpec, Format, Precision, Recipe, Target, UsageError, variant_base
 from ..qnn_ep import DEFAULT_FINALIZE
 from ..targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
 
@@ -50,6 +50,9 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
             hint = (f" ({c} is split in two here, as the recipe's options chose: --components "
                     f"{','.join(halves)})" if halves else "")
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}{hint}")
+    # a component's shape variants (Component.variants: code2wav_n1, ...) come with it
+    comps = tuple(dict.fromkeys(x for c in comps for x in (c, *(a for a in available or ()
+                                                                 if variant_base(a) == c))))
     check_precisions(opts.target, opts.precisions or opts.target.default_precisions)
     for f in opts.formats:
         if f not in opts.target.formats:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core import variant_base
 from ...parity.metrics import TIE_MARGIN
 
 CODE_AGREEMENT_MIN = 0.99
@@ -56,7 +57,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     if int(model.options["e2e-frames"]) == 0:
         progress.note("end-to-end parity skipped (--e2e-frames 0)")
         return []
-    graphs = [g for g in E2E_GRAPHS if g in model.components()]
+    graphs = [g for g in model.components() if g in E2E_GRAPHS or variant_base(g) in E2E_GRAPHS]   # + chunk shapes
     if model.cfg.tts_model_type == "base":
         graphs.append("speaker_encoder")
     plan = [(runner, prec, [g for g in graphs if not _accepted(manifest, g, runner, prec)])

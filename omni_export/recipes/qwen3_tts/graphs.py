@@ -120,6 +120,16 @@ class BuildGraphs:
         self._runners[name] = runner
         return runner.run(inputs)
 
+    def open(self, names) -> None:
+        """Open these graphs' sessions now (synth's latency figures leave session creation out)."""
+        from ...parity.runners import open_runner
+
+        for name in names:
+            if name not in self._runners:
+                self._make_room(name)
+                self._runners[name] = open_runner(self.specs[name], lean=self.lean)
+                self._opened.add(name)
+
     def why_missing(self, name: str) -> str:
         """Why graph `name` has no build to run here, and what would run: the other precisions or
         runners of this build that have an accepted one."""

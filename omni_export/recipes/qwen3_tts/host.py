@@ -1,12 +1,15 @@
 """Host-side orchestration for Qwen3-TTS graphs: streaming Code2Wav over a whole code sequence.
 
-The static chunk graph always sees T = L + N frames. Upstream `chunked_decode(codes, N, L)` decodes
-[context + chunk] with context = L once at least L frames precede the chunk, else everything
-before it (the first chunks are shorter), and drops the context's samples. Here the window is
-right-padded / left-masked to T frames: real frames sit at [L - ctx, L + n) and the mask zeroes
-the rest, which decodes exactly what upstream decodes. The graph outputs the N new frames'
+A static chunk graph of N new frames always sees T = L + N frames. Upstream `chunked_decode(codes,
+N, L)` decodes [context + chunk] with context = L once at least L frames precede the chunk, else
+everything before it (the first chunks are shorter), and drops the context's samples. Here the
+window is right-padded / left-masked to T frames: real frames sit at [L - ctx, L + n) and the mask
+zeroes the rest, which decodes exactly what upstream decodes. The graph outputs the N new frames'
 samples only (older builds output all T frames'); the host keeps the last N*S samples either way,
 then the first n*S of them (the last chunk has n <= N real frames).
+
+A schedule (--chunk-schedule) gives the first chunks other sizes (1, 2, 4, ... new frames, each its
+own graph) before the steady N: the first audio leaves after the first chunk's frames, not N.
 """
 from __future__ import annotations
 
@@ -23,39 +26,90 @@ class Window:
     codes: np.ndarray       # [1, Q, T] int32
     frame_mask: np.ndarray  # [1, T] float32
     samples: int            # real new samples: the first `samples` of the N*S the graph outputs
+    chunk: int = 0          # N of the graph this window is for (T = L + N)
 
     def inputs(self) -> dict:
         return {"codes": self.codes, "frame_mask": self.frame_mask}
 
 
-def windows(codes: np.ndarray, left: int, chunk: int, samples_per_frame: int) -> Iterator[Window]:
-    """Chunk windows over codes [frames, Q] in upstream's order."""
+def chunk_sizes(chunk: int, schedule=()) -> Iterator[int]:
+    """New frames of each chunk in order: the schedule's sizes, then `chunk` for ever."""
+    yield from schedule
+    while True:
+        yield chunk
+
+
+def window(codes: np.ndarray, start: int, end: int, left: int, chunk: int, samples_per_frame: int) -> Window:
+    """The window of the chunk of frames [start, end) (end - start <= chunk) for a graph of `chunk` new
+    frames: upstream's context (L frames, or all before `start` when fewer)."""
+    q = codes.shape[1]
+    ctx = left if start - left > 0 else start
+    n = end - start
+    win = np.zeros((1, q, left + chunk), np.int32)
+    mask = np.zeros((1, left + chunk), np.float32)
+    win[0, :, left - ctx:left + n] = codes[start - ctx:end].T
+    mask[0, left - ctx:left + n] = 1.0
+    return Window(win, mask, n * samples_per_frame, chunk)
+
+
+def windows(codes: np.ndarray, left: int, chunk: int, samples_per_frame: int, schedule=()) -> Iterator[Window]:
+    """Chunk windows over codes [frames, Q] in upstream's order (sizes: chunk_sizes)."""
     codes = np.asarray(codes)
     if codes.ndim != 2:
         raise ValueError(f"codes must be [frames, codebooks], got shape {codes.shape}")
-    frames, q = codes.shape
-    t = left + chunk
-    start = 0
-    while start < frames:
-        end = min(start + chunk, frames)
-        ctx = left if start - left > 0 else start
-        n = end - start
-        win = np.zeros((1, q, t), np.int32)
-        mask = np.zeros((1, t), np.float32)
-        win[0, :, left - ctx:left + n] = codes[start - ctx:end].T
-        mask[0, left - ctx:left + n] = 1.0
-        yield Window(win, mask, n * samples_per_frame)
+    start, sizes = 0, chunk_sizes(chunk, schedule)
+    while start < len(codes):
+        n = next(sizes)
+        end = min(start + n, len(codes))
+        yield window(codes, start, end, left, n, samples_per_frame)
         start = end
 
 
 def stream_decode(codes: np.ndarray, run_chunk: Callable[[dict], np.ndarray], left: int, chunk: int,
                   samples_per_frame: int) -> np.ndarray:
-    """Decode codes [frames, Q] to a 1-D waveform through a chunk runner (inputs dict -> wav)."""
-    pieces, new = [], chunk * samples_per_frame
-    for w in windows(codes, left, chunk, samples_per_frame):
-        wav = np.asarray(run_chunk(w.inputs())).reshape(-1)
-        pieces.append(wav[wav.size - new:][:w.samples])
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    """Decode codes [frames, Q] to a 1-D waveform through one chunk runner (inputs dict -> wav)."""
+    return ChunkStream(lambda x, n: run_chunk(x), left, chunk, samples_per_frame).decode(codes)
+
+
+class ChunkStream:
+    """Code2Wav as a stream: frames go in as they are generated (push), each chunk of the schedule is
+    decoded as soon as its frames are there, by `run_chunk(inputs, n)` (the graph of n new frames);
+    finish() decodes what is left (a shorter last chunk, masked). Returns the new audio pieces;
+    `on_chunk(frames, samples)` is called after each decode (latency bookkeeping)."""
+
+    def __init__(self, run_chunk: Callable[[dict, int], np.ndarray], left: int, chunk: int,
+                 samples_per_frame: int, schedule=(), on_chunk=None):
+        self.run_chunk, self.left, self.sps, self.on_chunk = run_chunk, left, samples_per_frame, on_chunk
+        self._sizes = chunk_sizes(chunk, schedule)
+        self._next = next(self._sizes)
+        self.codes: list = []
+        self.start = 0                          # first frame not decoded yet
+
+    def push(self, frames) -> list[np.ndarray]:
+        frames = np.asarray(frames)
+        self.codes.extend(frames.reshape(-1, frames.shape[-1]))
+        out = []
+        while len(self.codes) - self.start >= self._next:
+            out.append(self._decode(self.start + self._next))
+        return out
+
+    def decode(self, codes) -> np.ndarray:
+        """The whole stitched stream of codes [frames, Q] (pushed at once, then finished)."""
+        pieces = [*self.push(codes), *self.finish()]
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+    def finish(self) -> list[np.ndarray]:
+        return [self._decode(len(self.codes))] if len(self.codes) > self.start else []
+
+    def _decode(self, end: int) -> np.ndarray:
+        n = self._next
+        w = window(np.asarray(self.codes), self.start, end, self.left, n, self.sps)
+        wav = np.asarray(self.run_chunk(w.inputs(), n)).reshape(-1)
+        piece = wav[wav.size - n * self.sps:][:w.samples]
+        self.start, self._next = end, next(self._sizes)
+        if self.on_chunk is not None:
+            self.on_chunk(end, piece.size)
+        return piece
 
 
 def synthetic_codes(frames: int, codebooks: int, codebook_size: int, seed: int,
@@ -279,8 +333,9 @@ def predictor_frame(graphs, cfg, hidden: np.ndarray, c0: int, noise: np.ndarray,
     return codes, tables.embedding_sum([c0] + codes)
 
 
-def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
-    """Prefill the prompt, then alternate predictor (frame k) and talker decode (token k + 1)."""
+def generate(graphs, cfg, tables, prompt, opts: GenOptions, on_frame=None) -> Generation:
+    """Prefill the prompt, then alternate predictor (frame k) and talker decode (token k + 1).
+    `on_frame(codes16)` is called as each frame's codes are known (a streaming decoder's push)."""
     t = cfg.talker
     prompt_fits(prompt, opts)
     if opts.predictor == "frame" and frame_cannot_honour(opts):
@@ -318,6 +373,8 @@ def generate(graphs, cfg, tables, prompt, opts: GenOptions) -> Generation:
         codes, emb = predictor_frame(graphs, cfg, h, c0, noise, opts, tables)
         frames.append([c0] + codes)
         tick()
+        if on_frame is not None:
+            on_frame(frames[-1])
         k = len(frames) - 1
         x = emb + (prompt.trailing[k] if k < len(prompt.trailing) else prompt.pad)
         try:

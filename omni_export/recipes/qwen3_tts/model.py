@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...captured import RECORD_BUDGET_BYTES
-from ...core import Graph, Samples, UsageError, resolve_specs
+from ...core import Graph, Samples, UsageError, resolve_specs, variant_base, variant_name
 from ...weights import require_regular_file, weight_files
 from . import checkpoint as ck
 from . import host, prompts
@@ -106,6 +106,23 @@ class Qwen3TTS:
     def chunk(self) -> int:
         return int(self.options["chunk-frames"])
 
+    @property
+    def schedule(self) -> tuple[int, ...]:
+        """New frames of the stream's first chunks (--chunk-schedule, each capped at --chunk-frames);
+        every later chunk has --chunk-frames."""
+        return tuple(min(n, self.chunk) for n in parse_schedule(self.options.get("chunk-schedule")))
+
+    def chunk_graph(self, frames: int) -> str:
+        """The Code2Wav graph of chunks of `frames` new frames."""
+        return "code2wav" if frames == self.chunk else variant_name("code2wav", "N", frames)
+
+    def chunk_graphs(self) -> tuple[str, ...]:
+        """Every Code2Wav graph the schedule runs: code2wav, then one per other chunk size."""
+        return tuple(dict.fromkeys(self.chunk_graph(n) for n in (self.chunk, *sorted(self.schedule))))
+
+    def _chunk_of(self, component: str) -> int:
+        return self.chunk if component == "code2wav" else int(component[len("code2wav_n"):])
+
     def components(self) -> tuple[str, ...]:
         """Components this checkpoint has (the speaker encoder only in Base checkpoints), with the
         talker as one graph per call or two halves (`talker_parts`)."""
@@ -114,7 +131,9 @@ class Qwen3TTS:
             skip.add("speaker_encoder")
         if self.speech_encoder_config is None:
             skip.add("speech_encoder")
-        return tuple(c.name for c in RECIPE.components if c.name not in skip)
+        names = tuple(c.name for c in RECIPE.components if c.name not in skip)
+        i = names.index("code2wav") + 1
+        return names[:i] + self.chunk_graphs()[1:] + names[i:]
 
     @cached_property
     def talker_parts(self) -> int:
@@ -157,16 +176,19 @@ class Qwen3TTS:
         if component not in self.components():
             raise UsageError(f"this checkpoint has no {component} (tts_model_type {self.cfg.tts_model_type})")
         sizes = self.sizes()
+        if comp.name.startswith("code2wav"):
+            sizes["N"] = self._chunk_of(component)
         return Graph(component, self._module(component).eval(), resolve_specs(comp.inputs, sizes),
                      resolve_specs(comp.outputs, sizes), comp.logits)
 
     def _module(self, component: str):
         from . import talker as tk
 
-        if component == "code2wav":
+        if component in self.chunk_graphs():
             from .modules import build_code2wav
 
-            return build_code2wav(self.speech.config, self.speech.tensors, self.left + self.chunk, self.chunk)
+            n = self._chunk_of(component)
+            return build_code2wav(self.speech.config, self.speech.tensors, self.left + n, n)
         if component == "text_projection":
             return tk.TextProjection(self.tensors)
         if component in ("talker_prefill", "talker_decode"):
@@ -190,8 +212,8 @@ class Qwen3TTS:
         raise UsageError(f"component {component} is not built by this loader")  # pragma: no cover
 
     def samples(self, component: str, kind: str) -> Samples:
-        if component == "code2wav" and kind == "calibration" and self.options.get("calibration-codes"):
-            return self._code2wav_user_samples()
+        if component in self.chunk_graphs() and kind == "calibration" and self.options.get("calibration-codes"):
+            return self._code2wav_user_samples(self._chunk_of(component))
         if self._samples is None:
             self._samples = self._capture()
         inputs, source = self._samples[kind].get(component, ([], ""))
@@ -236,14 +258,15 @@ class Qwen3TTS:
 
         return load_tokenizer(self.path, "auto")
 
-    def synthesize(self, graphs, req, opts: host.GenOptions, with_audio: bool = True):
-        """Text to codes (and waveform) through `graphs`: eager, or a build's artifacts."""
+    def synthesize(self, graphs, req, opts: host.GenOptions, with_audio: bool = True, on_frame=None):
+        """Text to codes (and waveform) through `graphs`: eager, or a build's artifacts; `on_frame`: see
+        host.generate."""
         from .prompt import build
 
         if self.cfg.tts_model_type == "base" and req.speaker_embedding is None:
             req.speaker_embedding = self.speaker_embedding(graphs, self.default_voice())
         pr = build(self.cfg, req, lambda ids: self.text_proj(graphs, ids), self.tables.codec_emb, self.frame_emb)
-        gen = host.generate(graphs, self.cfg, self.tables, pr, opts)
+        gen = host.generate(graphs, self.cfg, self.tables, pr, opts, on_frame)
         wav = self.decode(graphs, gen.codes) if with_audio and len(gen.codes) else None
         return gen, wav
 
@@ -259,9 +282,13 @@ class Qwen3TTS:
         return np.concatenate(out) if out else np.zeros((0, self.cfg.talker.hidden_size), np.float32)
 
     def decode(self, graphs, codes: np.ndarray) -> np.ndarray:
-        c = self.speech.config
-        return host.stream_decode(codes, lambda x: graphs("code2wav", x)["wav"], self.left, self.chunk,
-                                  c.samples_per_frame)
+        """The stitched stream of codes [frames, Q]: chunks along the schedule (chunk_stream)."""
+        return self.chunk_stream(graphs).decode(codes)
+
+    def chunk_stream(self, graphs, on_chunk=None) -> host.ChunkStream:
+        """A streaming Code2Wav decoder over `graphs`: each chunk of the schedule runs its own graph."""
+        return host.ChunkStream(lambda x, n: graphs(self.chunk_graph(n), x)["wav"], self.left, self.chunk,
+                                self.speech.config.samples_per_frame, self.schedule, on_chunk)
 
     @property
     def speaker_frames(self) -> int:
@@ -385,13 +412,14 @@ class Qwen3TTS:
                     self._clone(cap, req, i, held)
                 gen, _ = self.synthesize(cap, req, opts, with_audio=False)
                 gens.append(gen.codes)
-            windows = self._code2wav_windows(gens)
             if which == "heldout" and self.speech_encoder_config is not None:
                 for k in range(HELDOUT_ENCODER_EXTRA):      # whole windows: agreement over real frames
                     self.reference_codes(cap, reference_voice(200 + k, seconds=self.encoder_frames * 0.08))
             calls, counts = cap.calls, cap.counts()
-            calls["code2wav"] = windows
-            counts["code2wav"] = (len(windows), len(windows))
+            for name in self.chunk_graphs():
+                windows = self._code2wav_windows(gens, self._chunk_of(name))
+                calls[name] = windows
+                counts[name] = (len(windows), len(windows))
             if which == "heldout":      # identical calls (e.g. the special-token rows) are not held out
                 for name, kept in calls.items():
                     seen = {hash_arrays([c]) for c in calibration_calls.get(name, [])}
@@ -433,25 +461,40 @@ class Qwen3TTS:
 
         return ref_ids(self.tokenizer, text)
 
-    def _code2wav_windows(self, gens: list) -> list[dict]:
-        """Code2Wav chunk inputs over generated codes. Generations shorter than a chunk (real sizes
-        generate 4 frames per calibration prompt) are joined end to end and windowed at a few
-        offsets, so the windows carry left context as streaming ones do."""
+    def _code2wav_windows(self, gens: list, chunk: int) -> list[dict]:
+        """Inputs of the Code2Wav graph of `chunk` new frames over generated codes. Generations shorter
+        than a chunk (real sizes generate 4 frames per calibration prompt) are joined end to end and
+        windowed at a few offsets, so the windows carry left context as streaming ones do."""
         sps = self.speech.config.samples_per_frame
         seqs = [c for c in gens if len(c)]
-        if not seqs or max(len(c) for c in seqs) >= self.chunk:
-            return [w.inputs() for codes in seqs for w in host.windows(codes, self.left, self.chunk, sps)]
+        if not seqs or max(len(c) for c in seqs) >= chunk:
+            return [w.inputs() for codes in seqs for w in host.windows(codes, self.left, chunk, sps)]
         joined = np.concatenate(seqs)
-        step = max(1, self.chunk // 3)
-        return [w.inputs() for o in range(0, min(self.chunk, len(joined)), step)
-                for w in host.windows(joined[o:], self.left, self.chunk, sps)]
+        step = max(1, chunk // 3)
+        return [w.inputs() for o in range(0, min(chunk, len(joined)), step)
+                for w in host.windows(joined[o:], self.left, chunk, sps)]
 
-    def _code2wav_user_samples(self) -> Samples:
+    def _code2wav_user_samples(self, chunk: int) -> Samples:
         c = self.speech.config
         given = self.options["calibration-codes"]
         seqs = load_code_sequences(Path(given), c.num_quantizers, c.codebook_size)
-        wins = [w.inputs() for s in seqs for w in host.windows(s, self.left, self.chunk, c.samples_per_frame)]
+        wins = [w.inputs() for s in seqs for w in host.windows(s, self.left, chunk, c.samples_per_frame)]
         return Samples(_spread(wins, CALIBRATION_PER_GRAPH), f"user codes: {given}")
+
+
+def parse_schedule(given) -> tuple[int, ...]:
+    """--chunk-schedule: comma-separated new-frame counts; 'none' or empty: no ramp."""
+    text = str(given if given is not None else "").replace(" ", "")
+    if text.lower() in ("", "none"):
+        return ()
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or not all(1 <= n <= 250 for n in sizes):
+        raise UsageError(f"--chunk-schedule takes comma-separated new-frame counts in 1..250 (e.g. 1,2,4,8) or "
+                         f"none; got '{given}'")
+    return sizes
 
 
 def _captured(made: int, recorded: int, usable: int) -> str:
@@ -554,6 +597,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     left, chunk = options.get("left-context"), options.get("chunk-frames")
     if not (isinstance(left, int) and left >= 0 and isinstance(chunk, int) and chunk >= 1):
         raise UsageError(f"--left-context must be >= 0 and --chunk-frames >= 1 (got {left}, {chunk})")
+    parse_schedule(options.get("chunk-schedule"))
     if not (isinstance(options.get("e2e-frames"), int) and options["e2e-frames"] >= 0):
         raise UsageError(f"--e2e-frames must be >= 0 (got {options.get('e2e-frames')}); 0 skips end-to-end parity")
     if options.get("talker-parts") not in (None, 1, 2):

@@ -49,6 +49,10 @@ def _talker(name: str, p: str, doc: str, part: int = 0) -> Component:
         gates_db=_LM_GATES, logits=() if part == 1 else ("logits",), requires=("talker",))
 
 
+# --chunk-schedule's default: the first chunk after 2 frames, then --chunk-frames (docs/streaming.md)
+CHUNK_SCHEDULE = "2"
+
+
 # A talker split in two (--talker-parts 2, the default when its fp16 weights pass model.TALKER_PART_BYTES):
 # HTP contexts have a size limit (split big graphs), and compiling one 28-layer 1.7B talker context
 # binary held 11.2 GiB in the compiler.
@@ -110,7 +114,9 @@ COMPONENTS = (
                 T("frame_mask", (1, "L+N"), F32,
                   "1 for real frames, 0 for padding (the first chunks have less than L frames of context)")),
         outputs=(T("wav", (1, 1, "N*S"), F32, "24 kHz waveform in [-1, 1] of the N new frames"),),
-        gates_db=_LM_GATES, requires=("speech_tokenizer",), audio_outputs={"wav": 24000}),
+        gates_db=_LM_GATES, requires=("speech_tokenizer",), audio_outputs={"wav": 24000},
+        # --chunk-schedule: one more graph per chunk size other than N (code2wav_n1: N = 1), scored alone
+        variants="N"),
     Component(
         name="speaker_encoder",
         doc="ECAPA-TDNN x-vector of a reference of L log-mel frames, L up to F (Base checkpoints): reflect pads "
@@ -158,6 +164,12 @@ RECIPE = Recipe(
                      "weights pass 2 GiB (1.7B), else 1", affects=("talker_prefill", "talker_decode", *TALKER_PARTS), range=(1, 2)),
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
                      affects=("code2wav",), range=(1, 250)),
+        RecipeOption("chunk-schedule", str, CHUNK_SCHEDULE,
+                     "Code2Wav: new frames of the stream's first chunks, in order (e.g. 1,2,4,8,16); after them every "
+                     "chunk has --chunk-frames (sizes above it are capped at it). Each other size is one more Code2Wav "
+                     "graph, code2wav_n<size>, built and gated like code2wav; 'none': every chunk has --chunk-frames "
+                     "(the first audio then waits for --chunk-frames frames). docs/streaming.md",
+                     affects=()),
         RecipeOption("left-context", int, 25, "Code2Wav: frames of left context per chunk (L; upstream uses 25). "
                      "Only the transformer sees all L + N frames: the conv decoder after it is cropped to the "
                      "N new frames plus its ~10-frame reach, so L costs little",

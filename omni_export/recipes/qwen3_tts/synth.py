@@ -204,12 +204,14 @@ def _run(model, build, kw, name: str) -> dict:
     from ...artifacts.manifest import read_manifest
     from .graphs import BuildGraphs, EagerGraphs
     from .host import frame_cannot_honour
+    from .latency import Latency
 
     # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
     codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
     req, voice, split = (None, None, None) if codes is not None else _request(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
         else EagerGraphs(model)
+    graphs = clock = Latency(graphs, model)      # every call timed: --json's ttfa_ms, rtf, latency
     chosen, notes = kw.get("predictor"), []
     try:
         if codes is not None:
@@ -228,12 +230,14 @@ def _run(model, build, kw, name: str) -> dict:
                 gen_kw["predictor"] = kw["predictor"] = "step"
                 notes.append(f"the code predictor runs as step graphs: the fused frame graph cannot sample "
                              f"with {', '.join(gaps)}")
-            gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False)
+            clock.start(gen_kw["predictor"], stream=getattr(req, "ref_codes", None) is None)
+            gen, _ = model.synthesize(graphs, req, model.gen_options(**gen_kw), with_audio=False,
+                                      on_frame=clock.frame)
             codes = gen.codes
         if req is not None and req.ref_codes is not None:    # upstream decodes the reference with them
             wav = model.decode_continuation(graphs, req.ref_codes, codes)
         else:
-            wav = model.decode(graphs, codes) if len(codes) else np.zeros(0, np.float32)
+            wav = clock.decode(codes)           # the stream's chunks, along --chunk-schedule
     finally:
         if build:
             graphs.close()
@@ -252,7 +256,8 @@ def _run(model, build, kw, name: str) -> dict:
             **({"voice_clone": "in-context" if req.ref_ids else "x-vector"} if voice is not None else {}),
             **({"ref_ids": [int(i) for i in req.ref_ids], "ref_frames": int(len(req.ref_codes))}
                if req is not None and req.ref_ids else {}),
-            "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {})}
+            "codes_out": kw.get("codes_out"), "wav": kw.get("wav"), **({"notes": notes} if notes else {}),
+            **clock.summary(len(wav) / model.speech.sample_rate, where)}
 
 
 def _check_window(graphs, build) -> None:
