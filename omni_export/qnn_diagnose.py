@@ -185,9 +185,14 @@ def describe(d: dict) -> str:
         return ", ".join((f"{t['stored']}->" if t.get("stored") else "") + t["dtype"]
                          + (str(t["shape"]) if t.get("shape") is not None else "") for t in ts)
 
-    block = f" in block {d['block']}" if d.get("block") else (
-        f" in blocks.{d['block_index']}" if d.get("block_index") is not None else "")
+    b = d.get("block") or d.get("likely_block")
+    block = f" in block {b}" if b else (f" in blocks.{d['block_index']}" if d.get("block_index") is not None else "")
     io = f" ({shapes(d.get('inputs', []))} -> {shapes(d.get('outputs', []))})" if d.get("inputs") else ""
+    if d.get("likely"):         # finalize: QNN names no op, the graph's largest activation is the suspect
+        line = (f"QNN could not finalize the graph [{d['class']}]: {d.get('reason', '')}; likely node "
+                f"'{d['node']}' ({d.get('op_type')}{block}){io}, the graph's largest activation "
+                f"({d['bytes'] / 2**20:.1f} MiB)")
+        return line + (f"; {d['hint']}" if d.get("hint") else "")
     line = f"QNN could not compile node '{d['node']}' ({d.get('op_type')}{block}){io} [{d['class']}]"
     if d.get("reason"):
         line += f": {d['reason']}"
@@ -226,7 +231,9 @@ def compile_failure(e: BaseException, model: Path, options: dict, rewrites_on: t
     if isinstance(e, QnnCompileError):
         return e
     try:
-        d = diagnose(model, options, rewrites_on)
+        # QNN's finalize log names no op (checked at verbose level on a tiny graph that fails with
+        # QNN_COMMON_ERROR_MEM_ALLOC), so no second compile: the graph's largest activation instead
+        d = finalize_suspect(model, str(e)) if "Failed to finalize" in str(e) else diagnose(model, options, rewrites_on)
     except Exception:              # a diagnosis that fails must not hide the compile's own error
         return e
     if not d:
@@ -235,14 +242,41 @@ def compile_failure(e: BaseException, model: Path, options: dict, rewrites_on: t
     return QnnCompileError(describe(d), d)
 
 
+def finalize_suspect(model: Path, error: str) -> dict:
+    """A finalize failure's likely node: the one whose output is the graph's largest activation (from
+    shape inference on the graph alone). Attribution still lowers every block (`likely_block`, not
+    `block`): the guess is said, not acted on."""
+    import numpy as np
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False)
+    g = onnx.shape_inference.infer_shapes(m).graph
+    sizes = {}
+    for vi in [*g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        if t.elem_type and dims and all(dims):
+            sizes[vi.name] = int(np.prod(dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    node, n_bytes = max(((n.name, sizes.get(o, 0)) for n in m.graph.node if n.name for o in n.output),
+                        key=lambda x: x[1], default=(None, 0))
+    if not node or not n_bytes:
+        return {}
+    code = next(iter(_QNN_CODE.findall(error)), "finalize error")
+    hint = ("a shorter time axis (a smaller streaming chunk) or a split graph may fit" if "MEM_ALLOC" in code
+            else "")
+    return {**node_facts(model, node), "class": FINALIZE, "likely": True, "bytes": n_bytes, "reason": code,
+            "hint": hint}
+
+
 def named(error: BaseException | None, block_names=()) -> dict | None:
-    """A failed lowering's diagnosis when QNN named its node, with the node's block by name."""
+    """A failed lowering's diagnosis when QNN named its node (or a finalize failure's likely node), with
+    the node's block by name: `block` when QNN named the node, `likely_block` for a finalize suspect."""
     d = dict(getattr(error, "diagnosis", None) or {})
     if not d.get("node"):
         return None
     i = d.get("block_index")
     if isinstance(i, int) and 0 <= i < len(block_names):
-        d["block"] = block_names[i]
+        d["likely_block" if d.get("likely") else "block"] = block_names[i]
     return d
 
 
