@@ -10,7 +10,9 @@ fatal only (the simulator logs a harmless error per session), so on a failure `d
 the same session again in a child process with the verbose log on its stderr (a child: redirecting
 this process's stderr would swallow other threads' output), reads the node from it, and looks the
 node up in the ONNX graph: op type, input and output shapes, and the block of a BlockChain
-(`blocks.N` in the exporter's name scopes) so attribution can lower exactly that block.
+(`blocks.N` in the exporter's name scopes) so attribution can lower exactly that block. QNN's
+finalize (QNN_COMMON_ERROR_MEM_ALLOC) names no op even at verbose level: nothing is compiled again,
+the graph's largest activation is named as the likely node (`finalize_suspect`).
 
     python -m omni_export.qnn_diagnose < {"model": PATH, "options": {...}}     # the child
 """
@@ -236,7 +238,7 @@ def compile_failure(e: BaseException, model: Path, options: dict, rewrites_on: t
         d = finalize_suspect(model, str(e)) if "Failed to finalize" in str(e) else diagnose(model, options, rewrites_on)
     except Exception:              # a diagnosis that fails must not hide the compile's own error
         return e
-    if not d:
+    if not d or not d.get("node"):        # nothing named: the compile's own words say more
         return e
     d["error"] = " ".join(str(e).split())[:300]
     return QnnCompileError(describe(d), d)
