@@ -428,9 +428,11 @@ class Qwen3TTS:
                    if which == "heldout" else
                    f"seeded fp32 generations of the recipe's calibration prompts, {cal_frames} frames each")
             if which == "heldout":      # Code2Wav: the first chunk (no context) and a full-context one
-                full = [w for w in calls["code2wav"] if w["frame_mask"].all()]
-                calls["code2wav"] = calls["code2wav"][:1] + full[-1:]
-            result[which] = {name: (_spread(kept, HELDOUT_PER_GRAPH.get(name, HELDOUT_DEFAULT) if which == "heldout"
+                for name in self.chunk_graphs():
+                    full = [w for w in calls[name] if w["frame_mask"].all()]
+                    calls[name] = calls[name][:1] + full[-1:]
+            result[which] = {name: (_spread(kept, HELDOUT_PER_GRAPH.get(variant_base(name) or name, HELDOUT_DEFAULT)
+                                            if which == "heldout"
                                             else CALIBRATION_PER_GRAPH),
                                     f"{src} ({_captured(*counts[name], len(kept))})")
                              for name, kept in calls.items()}
