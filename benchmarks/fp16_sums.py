@@ -130,7 +130,9 @@ def run(args) -> dict:
         else:
             samples = model.samples(comp, "heldout").inputs[:args.samples]
         inputs = [tuple(torch.from_numpy(np.array(s[n])) for n in names) for s in samples]
-        row = {"samples": len(inputs), "graph": four(g.module, g.module, inputs), "blocks": {}}
+        row = {"samples": len(inputs), "blocks": {}}
+        if not args.no_graph:
+            row["graph"] = four(g.module, g.module, inputs)
         if comp.startswith(("talker", "predictor")) and args.layers:
             got, dec = layer_inputs(g.module, inputs, args.layers)
             for i, ins in got.items():
@@ -154,11 +156,15 @@ def run(args) -> dict:
                 for name, block, ins, outs in g.module.record(dict(zip(names, s))):
                     if name in args.blocks:
                         a = tuple(ins[n] for n in block.inputs)
+                        if args.crop and getattr(block, "out", None) is None and hasattr(block, "keep"):
+                            # the last --crop input samples (a window: per-sample figures, less time)
+                            block.keep = min(block.keep or a[0].shape[-1], args.crop)
+                            row["blocks_cropped_to"] = args.crop
                         row["blocks"][name] = four(block, block, [a], emulate_only=True)
                         print(comp, name, row["blocks"][name], flush=True)
         row["s"] = round(time.time() - t0, 1)
         out[comp] = row
-        print(comp, row["graph"], f"{row['s']} s", flush=True)
+        print(comp, row.get("graph"), f"{row['s']} s", flush=True)
     return out
 
 
@@ -176,6 +182,10 @@ def main(argv=None) -> int:
     p.add_argument("--random-codes", action="store_true",
                    help="Code2Wav fed seeded random codes (every frame real) instead of captured windows: "
                         "no talker generation, no talker weights read")
+    p.add_argument("--no-graph", action="store_true", help="blocks only (Code2Wav's whole chunk: long)")
+    p.add_argument("--crop", type=int, default=None,
+                   help="Code2Wav blocks with a time crop (upsample.*, decoder.1..): keep only the last N "
+                        "input samples (the same window for fp32 and fp16)")
     p.add_argument("--work", default=str(ROOT / "benchmarks" / ".work"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)
