@@ -128,6 +128,28 @@ def test_a_job_can_add_jobs_when_it_ends():
     assert g.jobs["late"].result == "late"
 
 
+def test_a_late_job_can_hold_an_earlier_one_but_never_in_a_cycle():
+    """Precision repair's jobs, planned once the builds are scored, hold the end-to-end row planned
+    before them (JobGraph.hold); the priorities and the wall projection follow the new edge."""
+    log: list = []
+    g = JobGraph()
+    g.add(Job("a", "x", seconds=1, bind=lambda jobs: (sleeper, (0, log, "a"))))
+    g.add(Job("row", "x", ("a",), seconds=1, after_all=True, bind=lambda jobs: (sleeper, (0, log, "row"))))
+
+    def more(job):
+        g.add(Job("late", "x", ("a",), seconds=5, bind=lambda jobs: (sleeper, (0.05, log, "late"))))
+        assert g.hold("row", "late")
+        assert not g.hold("late", "row") and not g.hold("row", "late")     # a cycle; already held
+
+    g.jobs["a"].done = more
+    Scheduler(g, ThreadExecutor(2)).run()
+    assert log.index(("end", "late")) < log.index(("start", "row"))
+    chain = sum(g.jobs[j].estimate for j in ("a", "late", "row"))        # recorded durations by now
+    assert g.remaining_path()["a"] == pytest.approx(chain)
+    records = [{"id": j.id, "deps": list(j.deps), "seconds": j.estimate, "where": "worker"} for j in g.jobs.values()]
+    assert project_wall(records, 2) == pytest.approx(chain)
+
+
 def test_heavy_alone_jobs_never_overlap_other_heavy_jobs_but_light_jobs_go_on():
     log: list = []
     g = JobGraph()

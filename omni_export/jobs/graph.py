@@ -98,6 +98,24 @@ class JobGraph:
         self._children[dep].append(job_id)
         return True
 
+    def hold(self, job_id: str, dep: str) -> bool:
+        """Make a waiting job wait for `dep`, a job planned after it (precision repair's jobs hold the
+        end-to-end rows). Refused when `dep` already waits on `job_id`, directly or not (a cycle)."""
+        job = self.jobs[job_id]
+        if job.state != "waiting" or dep in job.deps or job_id == dep:
+            return False
+        seen, todo = set(), [dep]
+        while todo:
+            j = todo.pop()
+            if j == job_id:
+                return False
+            if j not in seen:
+                seen.add(j)
+                todo.extend(self.jobs[j].deps)
+        job.deps = job.deps + (dep,)
+        self._children[dep].append(job_id)
+        return True
+
     def __contains__(self, job_id: str) -> bool:
         return job_id in self.jobs
 
@@ -128,10 +146,19 @@ class JobGraph:
     def remaining_path(self) -> dict[str, float]:
         """Per job: its estimate plus the longest chain of estimates below it (critical-path priority)."""
         memo: dict[str, float] = {}
-        order = list(self.jobs)            # deps come first: walk backwards
-        for jid in reversed(order):
-            below = max((memo[c] for c in self._children[jid]), default=0.0)
-            memo[jid] = self.jobs[jid].estimate + below
+        for jid in self.jobs:              # depth first: a late job may hold an earlier one (hold)
+            stack = [jid]
+            while stack:
+                j = stack[-1]
+                if j in memo:
+                    stack.pop()
+                    continue
+                todo = [c for c in self._children[j] if c not in memo]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                stack.pop()
+                memo[j] = self.jobs[j].estimate + max((memo[c] for c in self._children[j]), default=0.0)
         return memo
 
     def critical_path(self) -> tuple[float, list[str]]:
@@ -168,8 +195,25 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
             if d in children:
                 children[d].append(r["id"])
     rem: dict[str, float] = {}
-    for jid in reversed(list(jobs)):
-        rem[jid] = jobs[jid]["seconds"] + max((rem[c] for c in children[jid]), default=0.0)
+
+    def remaining(jid: str) -> float:      # not by planning order: a late job may hold an earlier one (hold)
+        if jid not in rem:
+            stack = [jid]
+            while stack:
+                j = stack[-1]
+                if j in rem:
+                    stack.pop()
+                    continue
+                todo = [c for c in children[j] if c not in rem]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                stack.pop()
+                rem[j] = jobs[j]["seconds"] + max((rem[c] for c in children[j]), default=0.0)
+        return rem[jid]
+
+    for jid in jobs:
+        remaining(jid)
     waiting = {j: sum(d in jobs for d in jobs[j]["deps"]) for j in jobs}
     ready = [j for j, n in waiting.items() if n == 0]
     running: list[_Event] = []
