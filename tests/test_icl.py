@@ -217,3 +217,38 @@ def test_ref_text_errors_are_one_line(base, tiny_checkpoint, tmp_path):
                                          r"trim it, or build with a larger --encoder-frames \(at most 750\) and synth "
                                          r"--build it$"):
         _synth(checkpoint=str(d), text="Hi.", ref_text="Hello.", ref_audio=str(long))
+
+
+def test_speaker_calibration_clones_real_wavs(base, tiny_checkpoint, tmp_path):
+    """--speaker-calibration DIR: the calibration prompts clone its WAVs (name order, read as --ref-audio
+    reads one: resampled to 24 kHz, cut to the window) instead of synthetic voices; the held-out ones
+    stay synthetic; the capture key follows the files' samples."""
+    from omni_export.recipes.qwen3_tts.synth import read_wav, write_wav
+
+    d, model = base
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    write_wav(voices / "a.wav", M.reference_voice(7, 1.0), 24000)
+    write_wav(voices / "b.wav", M.reference_voice(8, 1.0)[::3], 8000)       # another rate: resampled
+    write_wav(voices / "c.wav", M.reference_voice(9, 12.0), 24000)          # past the speaker window: cut
+    (voices / "notes.txt").write_text("not audio")
+    opts = {**OPTIONS, "speaker-calibration": str(voices)}
+    m = M.load(d, opts, tmp_path)
+    wavs = [read_wav(voices / f"{n}.wav", 24000) for n in "abc"]
+    for i in range(4):
+        got = m.calibration_voice(i, 18, False)
+        want = wavs[i % 3][:len(got)]
+        assert len(got) == min(len(wavs[i % 3]), m.speaker_frames * 256 + 128) and np.array_equal(got, want)
+    np.testing.assert_array_equal(m.calibration_voice(1, 2, True), model.calibration_voice(1, 2, True))
+    assert m.capture_key() != model.capture_key() and m.seeds["speaker_calibration"] == str(voices)
+    write_wav(voices / "a.wav", M.reference_voice(10, 1.0), 24000)
+    assert M.load(d, opts, tmp_path).capture_key() != m.capture_key()
+    with pytest.raises(UsageError, match=rf"^--speaker-calibration {tmp_path}: no .wav files in the directory$"):
+        M.load(d, {**OPTIONS, "speaker-calibration": str(tmp_path)}, tmp_path / "x")
+    write_wav(voices / "0.wav", np.zeros(1000, np.float32), 24000)
+    with pytest.raises(UsageError, match=rf"^--speaker-calibration {voices / '0.wav'} is 0.042 s; a reference needs "
+                                         r"at least 5 log-mel frames \(0.05 s\)$"):
+        M.load(d, opts, tmp_path)
+    with pytest.raises(UsageError, match=r"^--speaker-calibration calibrates a Base checkpoint's speaker and speech "
+                                         r"encoders; this one is custom_voice$"):
+        M.load(tiny_checkpoint, opts, tmp_path)

@@ -364,13 +364,14 @@ def write_checkpoint(directory: Path, *, code2wav: Code2WavConfig = TINY_CODE2WA
     st.mkdir(exist_ok=True)
     st_config = speech_tokenizer_config(code2wav)
     tensors = prefixed(seeded_tensors(code2wav_tensors(code2wav), seed), "decoder.")
-    if kind == "base" and code2wav == TINY_CODE2WAV:
+    if kind == "base" and code2wav in (TINY_CODE2WAV, REAL_CODE2WAV):
         # The speech tokenizer's encoder (reference audio -> codes, in-context cloning). Base only, so
-        # the other kinds' files keep their bytes; tiny only (the real-shape writer has none yet).
-        from .speech_encoder import TINY_SPEECH_ENCODER, speech_encoder_tensors
+        # the other kinds' files keep their bytes; MimiConfig's geometry beside the real decoder.
+        from .speech_encoder import MIMI_SPEECH_ENCODER, TINY_SPEECH_ENCODER, speech_encoder_tensors
 
-        st_config["encoder_config"] = TINY_SPEECH_ENCODER.to_json()
-        tensors.update(prefixed(seeded_tensors(speech_encoder_tensors(TINY_SPEECH_ENCODER), seed + 3), "encoder."))
+        enc = TINY_SPEECH_ENCODER if code2wav == TINY_CODE2WAV else MIMI_SPEECH_ENCODER
+        st_config["encoder_config"] = enc.to_json()
+        tensors.update(prefixed(seeded_tensors(speech_encoder_tensors(enc), seed + 3), "encoder."))
     (st / "config.json").write_text(json.dumps({**st_config, **marker}, indent=2))
     write_safetensors(st / "model.safetensors", tensors)
     (st / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))

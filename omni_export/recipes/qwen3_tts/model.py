@@ -73,6 +73,7 @@ class Qwen3TTS:
     _core_ref: object = None
     capture_cache: dict | None = None          # {"key", "hit", "store"} once inputs are captured
     speech_encoder_config: object = None       # Base with speech_tokenizer/ encoder_config: in-context cloning
+    user_voices: list | None = None            # --speaker-calibration: real references (24 kHz)
 
     @property
     def seeds(self) -> dict:
@@ -83,6 +84,8 @@ class Qwen3TTS:
              self.options.get("calibration-codes") else "windows of the calibration generations"}
         if self.demo_seed is not None:
             s["demo_checkpoint"] = self.demo_seed
+        if self.options.get("speaker-calibration"):
+            s["speaker_calibration"] = str(self.options["speaker-calibration"])
         return s
 
     # ---- geometry
@@ -338,9 +341,13 @@ class Qwen3TTS:
     def calibration_voice(self, i: int, count: int, heldout: bool) -> np.ndarray:
         """The i-th of `count` synthetic references: lengths spread from 0.5 s (or the shortest the
         encoder takes) to the whole window, so the speaker encoder is calibrated and scored with
-        masked frames as real references have them (held-out: the shortest and the longest)."""
+        masked frames as real references have them (held-out: the shortest and the longest).
+        With --speaker-calibration, the calibration references are its WAVs in name order (cut to
+        the speaker encoder's window); the held-out ones stay synthetic."""
         from .speaker import shortest
 
+        if self.user_voices and not heldout:
+            return self.user_voices[i % len(self.user_voices)][:self.speaker_frames * 256 + 128]
         most = self.speaker_frames
         least = min(most, max(shortest(self.cfg.speaker_encoder), 46))           # 46 frames: 0.5 s
         frac = (i / max(1, count - 1)) if not heldout else (0.0 if i % 2 == 0 else 1.0)
@@ -359,8 +366,13 @@ class Qwen3TTS:
     def capture_key(self) -> str:
         from ...artifacts import captures
 
+        voices = {}
+        if self.user_voices:          # the WAVs' samples, not only the directory's name
+            from ...artifacts.manifest import hash_arrays
+
+            voices = {"speaker_calibration": hash_arrays([{"wav": v} for v in self.user_voices])}
         return captures.key(recipe=[RECIPE.name, RECIPE.version], options=self.options,
-                            checkpoint=captures.checkpoint_files(self.path, self.info.get("weights", [])))
+                            checkpoint=captures.checkpoint_files(self.path, self.info.get("weights", [])), **voices)
 
     def _capture(self) -> dict:
         """Calibration and held-out inputs: from the capture cache when this checkpoint, these
@@ -427,6 +439,9 @@ class Qwen3TTS:
             src = (f"greedy fp32 generations of the recipe's held-out prompts, {held_frames} frames each"
                    if which == "heldout" else
                    f"seeded fp32 generations of the recipe's calibration prompts, {cal_frames} frames each")
+            if self.user_voices and which == "calibration":
+                src += (f", cloning {len(self.user_voices)} WAVs of --speaker-calibration "
+                        f"{self.options['speaker-calibration']}")
             if which == "heldout":      # Code2Wav: the first chunk (no context) and a full-context one
                 for name in self.chunk_graphs():
                     full = [w for w in calls[name] if w["frame_mask"].all()]
@@ -513,6 +528,32 @@ def _spread(calls: list, limit: int) -> list:
         return list(calls)
     idx = np.linspace(0, len(calls) - 1, limit).round().astype(int)
     return [calls[i] for i in idx]
+
+
+def load_voices(path: Path, model, option: str = "--speaker-calibration") -> list[np.ndarray]:
+    """Real reference WAVs for a Base checkpoint's calibration prompts: the first len(CALIBRATION) .wav
+    files of `path` in name order, each read as `synth --ref-audio` reads one (24 kHz mono) and at least
+    as long as the speaker encoder takes; errors name `option`."""
+    from .speaker import mel_frames, shortest
+    from .synth import read_wav
+
+    if model.cfg.tts_model_type != "base":
+        raise UsageError(f"{option} calibrates a Base checkpoint's speaker and speech encoders; this one is "
+                         f"{model.cfg.tts_model_type}")
+    if not path.is_dir():
+        raise UsageError(f"{option} {path} is not a directory; pass a directory of reference speech WAVs")
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".wav")[:len(prompts.CALIBRATION)]
+    if not files:
+        raise UsageError(f"{option} {path}: no .wav files in the directory")
+    sr, least = model.speech.sample_rate, shortest(model.cfg.speaker_encoder)
+    voices = []
+    for f in files:
+        x = read_wav(f, sr, option)
+        if mel_frames(len(x)) < least:
+            raise UsageError(f"{option} {f} is {len(x) / sr:.3f} s; a reference needs at least {least} log-mel "
+                             f"frames ({least * 256 / sr:.2f} s)")
+        voices.append(x)
+    return voices
 
 
 def _speech_encoder_config(checkpoint: Path, cfg):
@@ -642,6 +683,8 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
                    "small_to_mtp_projection": model.cfg.has_projection},
         "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F", "E")},
     }
+    if options.get("speaker-calibration"):
+        model.user_voices = load_voices(Path(options["speaker-calibration"]), model)
     if options.get("calibration-codes"):        # a bad file fails now, not after minutes of other components
         c = model.speech.config
         load_code_sequences(Path(options["calibration-codes"]), c.num_quantizers, c.codebook_size)

@@ -185,6 +185,11 @@ RECIPE = Recipe(
                      "125 = 10 s). The graph takes a zero-padded window of E x 1920 samples and the valid length and "
                      "gives upstream's codes of any reference up to it; a longer one is an error, never cropped",
                      affects=("speech_encoder",), range=(1, 750)),
+        RecipeOption("speaker-calibration", str, None,
+                     "Base: a directory of real speech WAVs (PCM, any rate: resampled to 24 kHz) that the calibration "
+                     "prompts clone (the first 18 in name order): the speaker encoder, the speech encoder and the talker "
+                     "are calibrated on them instead of synthetic voices; each is cut to the encoders' windows. The "
+                     "held-out references stay synthetic", affects=None),
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
                      "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=(), range=(0, 2048)),

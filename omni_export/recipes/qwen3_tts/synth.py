@@ -489,8 +489,9 @@ def write_wav(path: Path, wav, sr: int) -> None:
         w.writeframes(pcm.tobytes())
 
 
-def read_wav(path: Path, sr: int):
-    """Mono float32 at `sr` from a PCM WAV (16/32-bit int); channels averaged, resampled if needed."""
+def read_wav(path: Path, sr: int, option: str = "--ref-audio"):
+    """Mono float32 at `sr` from a PCM WAV (16/32-bit int); channels averaged, resampled if needed.
+    Errors name `option`, the flag that gave the file."""
     import numpy as np
 
     from ...core import UsageError
@@ -503,9 +504,9 @@ def read_wav(path: Path, sr: int):
             ch, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             raw = w.readframes(n)
     except (wave.Error, EOFError, OSError) as e:
-        raise UsageError(f"--ref-audio {path}: not a PCM WAV file ({e})") from None
+        raise UsageError(f"{option} {path}: not a PCM WAV file ({e})") from None
     if width not in (2, 4):
-        raise UsageError(f"--ref-audio {path}: {8 * width}-bit samples; use 16- or 32-bit PCM")
+        raise UsageError(f"{option} {path}: {8 * width}-bit samples; use 16- or 32-bit PCM")
     x = np.frombuffer(raw, dtype="<i2" if width == 2 else "<i4").astype(np.float32) / (2 ** (8 * width - 1))
     x = x.reshape(-1, ch).mean(axis=1)
     if rate != sr:
