@@ -230,8 +230,8 @@ def diagnose(model: Path, options: dict, rewrites_on: tuple[str, ...] = (), time
 
 def compile_failure(e: BaseException, model: Path, options: dict, rewrites_on: tuple[str, ...] = ()) -> BaseException:
     """`e` from a QNN compile of `model`, as a QnnCompileError naming the node when QNN's log does."""
-    if isinstance(e, QnnCompileError):
-        return e
+    if isinstance(e, QnnCompileError) or "ONNXRuntimeError" not in str(e):
+        return e               # not the QNN EP's refusal (a killed compile child, a disk error): no second compile
     try:
         # QNN's finalize log names no op (checked at verbose level on a tiny graph that fails with
         # QNN_COMMON_ERROR_MEM_ALLOC), so no second compile: the graph's largest activation instead
