@@ -49,3 +49,12 @@ def test_a_top1_gate_rejects_logits_that_pick_other_tokens_beside_the_snr_gate()
     v = judge([logits(0.95)], 15.0, top1_min=0.9)
     assert v.accepted and "top-1 95.0%" in v.reason
     assert not judge([logits(0.95)], 25.0, top1_min=0.9).accepted   # beside the SNR gate, not instead of it
+
+
+def test_the_top1_gate_of_a_precision_is_read_from_the_recipe_or_the_manifest_record():
+    from omni_export.core import Precision
+    from omni_export.parity.gate import top1_gate
+
+    assert top1_gate({Precision.W4A16: 0.9}, Precision.W4A16) == 0.9        # Component.top1_min
+    assert top1_gate({"w4a16": 0.9}, "w4a16") == 0.9                         # the manifest's record
+    assert top1_gate({"w4a16": 0.9}, "w8a16") is None and top1_gate({}, "w4a16") is None

@@ -41,14 +41,14 @@ def score(component, info: dict, refs: list[dict], outs: list[dict], threshold: 
           precision: str | None = None) -> dict:
     """The verdict dict (same shape as a local build's "parity", runner added by the caller); `precision`
     picks the component's top-1 gate for logits (Component.top1_min), when it has one."""
-    from ..parity.gate import judge
+    from ..parity.gate import judge, top1_gate
     from ..parity.metrics import score_outputs
 
     names = [o["name"] for o in info["outputs"]]
     scores = score_outputs(names, refs, outs, component.logits, dict(component.tie_margins))
     v = judge(scores, threshold, tuple(info.get("gated_outputs") or component.gated_outputs),
               agreement_min=info.get("agreement_min", component.agreement_min),
-              top1_min=(info.get("top1_min") or {}).get(precision))
+              top1_min=top1_gate(info.get("top1_min"), precision) if precision else None)
     return {"threshold_db": threshold, "verdict": v.status, "reason": v.reason,
             "outputs": [s.to_json() for s in v.scores]}
 

@@ -316,7 +316,7 @@ class ComponentJobs:
 
     def _scored(self, job: Job, i: int) -> None:
         from ..artifacts.samples import keep_audio
-        from ..parity.gate import judge
+        from ..parity.gate import judge, top1_gate
         from ..parity.metrics import score_outputs
         from .work import _mapped
 
@@ -360,7 +360,7 @@ class ComponentJobs:
         scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
                                self.component.tie_margins)
         verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min,
-                        top1_min=self.component.top1_min.get(spec.precision))
+                        top1_min=top1_gate(self.component.top1_min, spec.precision))
         text = _headline(verdict, self.component.gated_outputs) + (" — shares the ctx's run" if shared else "")
         self._line(job, text, failed=not verdict.accepted, seconds=None if shared else getattr(outputs, "wall_s", None))
         records = self.run.store.commit(built.files, verdict.accepted)

@@ -27,6 +27,17 @@ def parse_gates(text: str | None) -> dict[Precision, float]:
     return gates
 
 
+def top1_gate(top1_min, precision) -> float | None:
+    """The share of rows whose logits must pick fp32's top-1 at `precision` (a Precision or its value;
+    a repaired build is held to its base precision's), from a Component.top1_min or the manifest's
+    record of it ({precision value: share}); None when there is none."""
+    if not top1_min:
+        return None
+    p = Precision(precision) if isinstance(precision, str) else precision
+    base = getattr(p, "base", p)
+    return top1_min.get(base, top1_min.get(base.value))
+
+
 def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[str] = (),
           attribution: Sequence[dict] = (), agreement_min: float = 1.0, top1_min: float | None = None) -> Verdict:
     """Accept when every gated output (all when `gated` is empty) is finite and >= threshold;

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 
-from .gate import judge
+from .gate import judge, top1_gate
 from .scores import as_json_db, min_snr_db, num, score_from_json
 
 NOTE = ("re-judged the recorded per-output scores against new gates without rebuilding; "
@@ -62,7 +62,7 @@ def _rejudge(manifest: dict, b: dict, gates_db: dict[str, float]) -> dict:
         return {**row, "verdict": "rejected", "reason": p.get("reason") or b.get("error") or "not scored"}
     attribution = manifest["components"].get(b["component"], {}).get("attribution", {}).get(b["precision"], [])
     agreement_min = manifest["components"].get(b["component"], {}).get("agreement_min", 1.0)
-    top1_min = (manifest["components"].get(b["component"], {}).get("top1_min") or {}).get(b["precision"])
+    top1_min = top1_gate(manifest["components"].get(b["component"], {}).get("top1_min"), b["precision"])
     v = judge([score_from_json(o) for o in outputs], threshold, names, attribution, agreement_min=agreement_min,
               top1_min=top1_min)
     verdict, reason = v.status, v.reason

@@ -15,6 +15,7 @@ from ..artifacts.integrity import Finding
 
 def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Finding], list[dict]]:
     from ..artifacts.reproducibility import read_parity_inputs
+    from .gate import top1_gate
 
     findings, rows, data = [], [], {}
     for comp, info in (manifest.get("components") or {}).items():
@@ -39,7 +40,7 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
             continue
         row["outputs"] = {n: round(s.snr_db, 3) if math.isfinite(s.snr_db) else str(s.snr_db)
                           for n, s in scores.items()}
-        top1 = (manifest["components"].get(b["component"], {}).get("top1_min") or {}).get(b.get("precision"))
+        top1 = top1_gate(manifest["components"].get(b["component"], {}).get("top1_min"), b["precision"])
         findings += _compare(b, scores, tolerance_db, comp.gated_outputs if comp else (), top1)
     return findings, rows
 
