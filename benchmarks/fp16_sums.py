@@ -116,7 +116,7 @@ def run(args) -> dict:
     ck = Path(args.work) / f"random-{args.size}"
     if not (ck / "config.json").exists():
         write_real_shape(ck, args.size)
-    model = M.load(ck, {}, Path(args.work) / "scratch")
+    model = M.load(ck, dict(args.option), Path(args.work) / "scratch")
     out = {}
     for comp in args.components:
         t0 = time.time()
@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     p.add_argument("--random-codes", action="store_true",
                    help="Code2Wav fed seeded random codes (every frame real) instead of captured windows: "
                         "no talker generation, no talker weights read")
+    p.add_argument("--option", action="append", default=[], type=lambda s: (s.split("=")[0], int(s.split("=")[1])),
+                   help="integer recipe option NAME=VALUE (e.g. chunk-frames=1: a shorter Code2Wav chunk)")
     p.add_argument("--no-graph", action="store_true", help="blocks only (Code2Wav's whole chunk: long)")
     p.add_argument("--crop", type=int, default=None,
                    help="Code2Wav blocks with a time crop (upsample.*, decoder.1..): keep only the last N "

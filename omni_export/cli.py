@@ -192,7 +192,8 @@ def list_cmd():
                 click.echo(f"  {'':12s}   {comp}: {','.join(f.value for f in place.formats)} at "
                            f"{','.join(p.value for p in place.precisions)} (AI Hub --compute_unit "
                            f"{place.hub_compute_unit})")
-    click.echo("precisions: " + ", ".join(p.value for p in Precision))
+    click.echo("precisions: " + ", ".join(p.value for p in Precision.requestable())
+               + " (and <precision>-mixed: precision repair's, from a rejected build)")
     click.echo("formats:")
     for f in Format:
         click.echo(f"  {f.value:5s} .{f.extension:9s} precisions {','.join(p.value for p in FORMAT_PRECISIONS[f])}")
@@ -207,7 +208,7 @@ def _recipe_command(name: str) -> click.Command:
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
-                 keep_sources, **recipe_opts):
+                 keep_sources, repair, repair_steps, **recipe_opts):
         from .faults import interrupted_by, interrupts_latched
         from .hf import resolve_checkpoint
         from .pipeline import RunOptions, run
@@ -228,7 +229,7 @@ def _recipe_command(name: str) -> click.Command:
                 jobs=jobs or 0, executor=executor, gates=parse_gates(gate), sim_samples=sim_samples,
                 htp_finalize=htp_optimization,
                 max_memory=int(max_memory * 1e9) if max_memory else None,
-                keep_sources=keep_sources or hub_opts is not None)
+                keep_sources=keep_sources or hub_opts is not None, repair=repair, repair_steps=repair_steps)
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet)           # --json: progress on stderr, stdout only the JSON
             with _native_stdout_to_stderr(), interrupts_latched():
@@ -321,6 +322,16 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--keep-sources"], is_flag=True,
                      help="keep sources/: the ONNX each accepted build is compiled from, which `omni-export hub "
                           "submit` uploads to AI Hub (--hub keeps them; 82 MB on the demo)"),
+        click.Option(["--repair"], type=click.Choice(["auto", "off"]), default="auto", show_default=True,
+                     envvar="OMNI_EXPORT_REPAIR",
+                     help="precision repair: when a quantized build (w8a16, w8a8, w4a16) is rejected, keep its "
+                          "worst blocks (per-block attribution) in float, one more per step, until the graph "
+                          "passes the same gate on the same runner; the result is a build of its own precision, "
+                          "e.g. w8a16-mixed, with the blocks kept and the share of weights still 8-bit; off: the "
+                          "rejection stands [env OMNI_EXPORT_REPAIR]"),
+        click.Option(["--repair-steps"], type=click.IntRange(0, 64), default=4, show_default=True, metavar="N",
+                     help="precision repair's budget: at most N re-quantize, compile and score steps per rejected "
+                          "precision of a component"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

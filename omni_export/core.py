@@ -21,14 +21,43 @@ class Precision(str, enum.Enum):
     W8A16 = "w8a16"
     W8A8 = "w8a8"
     W4A16 = "w4a16"     # int4 per-channel weights, uint16 activations (QDQ; QNN HTP only)
+    # Precision repair's results (jobs/repair.py): the base precision with the blocks that lost the dB
+    # kept at higher precision. Made from a rejected build of the base, never asked for directly.
+    W8A16_MIXED = "w8a16-mixed"
+    W8A8_MIXED = "w8a8-mixed"
+    W4A16_MIXED = "w4a16-mixed"
 
     @property
     def quantized(self) -> bool:
-        return self in (Precision.W8A16, Precision.W8A8, Precision.W4A16)
+        return self not in (Precision.FP32, Precision.FP16)
+
+    @property
+    def mixed(self) -> bool:
+        return self.value.endswith(MIXED_SUFFIX)
+
+    @property
+    def base(self) -> "Precision":
+        """The precision a mixed one was repaired from (itself for the others)."""
+        return Precision(self.value[:-len(MIXED_SUFFIX)]) if self.mixed else self
+
+    def repaired(self) -> "Precision":
+        """The mixed precision precision repair makes from this one."""
+        return Precision(self.value + MIXED_SUFFIX)
 
     @classmethod
     def parse(cls, text: str) -> "Precision":
-        return _parse_enum(cls, text, "precision")
+        p = _parse_enum(cls, text, "precision")
+        if p.mixed:
+            raise UsageError(f"precision '{p.value}' is not built on request: precision repair (--repair auto) "
+                             f"makes it from a rejected {p.base.value} build")
+        return p
+
+    @classmethod
+    def requestable(cls) -> tuple["Precision", ...]:
+        return tuple(p for p in cls if not p.mixed)
+
+
+MIXED_SUFFIX = "-mixed"
 
 
 class Format(str, enum.Enum):
@@ -50,7 +79,7 @@ def _parse_enum(cls, text: str, what: str):
     try:
         return cls(text.strip().lower())
     except ValueError:
-        valid = ", ".join(m.value for m in cls)
+        valid = ", ".join(m.value for m in cls if not getattr(m, "mixed", False))
         raise UsageError(f"unknown {what} '{text}'; valid: {valid}") from None
 
 
@@ -174,7 +203,8 @@ class Component:
     variants: str = ""
 
     def gate_db(self, precision: Precision) -> float:
-        return self.gates_db.get(precision, DEFAULT_GATES_DB[precision])
+        """The gate of `precision` (a repaired build is held to its base precision's gate)."""
+        return self.gates_db.get(precision.base, DEFAULT_GATES_DB[precision.base])
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ VERSIONS = {
                       # recipes' XNNPACK forms (talker._Xnnpack)
                       # 2: fp16 products in sums of <= 128 terms (halfsums.py)
     "parity": 1,      # scores and verdicts: parity/metrics.py, parity/gate.py, parity/runners.py
+    "repair": 1,      # precision repair's search (which blocks it keeps in float): jobs/repair.py
 }
 
 
@@ -39,8 +40,10 @@ def for_build(fmt: Format, precision: Precision) -> dict[str, int]:
             parts.append("fp16")
         elif precision.quantized:
             parts.append("quantize")
-            if precision == Precision.W4A16:
+            if precision.base == Precision.W4A16:
                 parts.append("int4")
+            if precision.mixed:
+                parts.append("repair")
         if fmt in (Format.DLC, Format.CTX):
             parts.append("qnn")
     return {p: VERSIONS[p] for p in sorted(parts)}

@@ -37,6 +37,8 @@ def test_list_names_recipes_components_targets_precisions_formats():
 @pytest.mark.parametrize("args,message", [
     (["--target", "pixel9"], "unknown target 'pixel9'; valid: s25-htp, s24-htp, s25, s24, cpu"),
     (["--precision", "int4"], "unknown precision 'int4'; valid: fp32, fp16, w8a16, w8a8, w4a16"),
+    (["--precision", "w8a16-mixed"], "precision 'w8a16-mixed' is not built on request: precision repair "
+                                     "(--repair auto) makes it from a rejected w8a16 build"),
     (["--formats", "tflite"], "unknown format 'tflite'; valid: onnx, dlc, ctx, pte"),
     (["--components", "talker9"], "unknown component 'talker9' for qwen3-tts; valid: text_projection, "
                                   "talker_prefill, talker_decode, talker_prefill_part1, talker_prefill_part2, "

@@ -288,10 +288,42 @@ def test_outlier_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, cl
         assert bad["parity"]["outputs"][0]["snr_db"] < good - 15
 
 
+def test_precision_repair_keeps_the_broken_block_in_float_and_the_result_passes(tmp_path, clean, clean_run):
+    """The outlier input channel (the test above) scales a row of the RVQ output projections down and
+    pre_conv's weights reading it up: each block's int8 rounding loses it. Repair (jobs/repair.py) ranks
+    the blocks by whole-graph sensitivity (pre_conv, then rvq: the block-alone attribution would have
+    put rvq last, its loss being tiny until pre_conv amplifies it), keeps exactly those two in float,
+    and the w8a16-mixed builds pass the gate the w8a16 ones failed, on the same runners, most weight
+    bytes still quantized. The rejected w8a16 builds stay as they were (`--repair off`: the test below)."""
+    broken = outlier_input_channel(clean, tmp_path / "outlier")
+    proc, v = _gated_run(tmp_path, broken, "--repair", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_manifest(tmp_path / "out")
+    search = m["components"]["code2wav"]["repair"]["w8a16"]
+    assert search["order"][:2] == ["pre_conv", "rvq"] and search["runner"] == "qnn-htp"
+    assert search["ranked_by"] == "sensitivity"
+    assert search["result"]["kept_float"] == ["pre_conv", "rvq"] and search["result"]["precision"] == "w8a16-mixed"
+    assert [s["verdict"] for s in search["steps"]] == ["rejected", "accepted"]
+    assert search["result"]["integer_share"] >= 0.9
+    for fmt in ("onnx", "ctx"):
+        assert v[(fmt, "w8a16")]["status"] == "rejected"
+        mixed = v[(fmt, "w8a16-mixed")]
+        assert mixed["status"] == "accepted" and mixed["parity"]["outputs"][0]["snr_db"] >= GATED
+        assert mixed["repair"] == {"from": "w8a16", "kept_float": ["pre_conv", "rvq"],
+                                   "integer_share": search["result"]["integer_share"]}
+        assert not mixed["files"][0]["path"].startswith("rejected/")
+        assert "32" in mixed["details"]["weight_bits"] and "32" not in v[(fmt, "w8a16")]["details"]["weight_bits"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert ("Precision repair: code2wav w8a16 rejected → **w8a16-mixed** accepted at step 2: pre_conv, rvq kept "
+            "in float") in report
+
+
 def test_outlier_activation_channel_breaks_int8_and_the_gate_rejects_it(tmp_path, clean, clean_run):
     broken = outlier_activation_channel(clean, tmp_path / "act-outlier")
-    proc, v = _gated_run(tmp_path, broken)
+    proc, v = _gated_run(tmp_path, broken, "--repair", "off")
     assert proc.returncode == 3
+    assert "repair" not in read_manifest(tmp_path / "out")["components"]["code2wav"]
+    assert {p for _, p in v} == {"w8a16"}                       # nothing repaired
     for fmt in ("onnx", "ctx"):
         assert v[(fmt, "w8a16")]["status"] == "rejected"
         good = clean_run[1][(fmt, "w8a16")]["parity"]["outputs"][0]["snr_db"]

@@ -93,7 +93,8 @@ class BuildCache:
                      "target": [t.name, t.soc, t.soc_model, t.htp_arch], "rewrites": list(rewrites),
                      "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None),
                      "htp_finalize": getattr(opts, "htp_finalize", None),
-                     **({"keep_sources": True} if getattr(opts, "keep_sources", False) else {})}
+                     **({"keep_sources": True} if getattr(opts, "keep_sources", False) else {}),
+                     "repair": [getattr(opts, "repair", "off"), getattr(opts, "repair_steps", 0)]}
         self.keys: dict[str, str] = {}            # component -> component key (this run)
         self.hits: set[str] = set()
 
@@ -149,6 +150,7 @@ class BuildCache:
             if e is None:
                 return None
             entries.append(e)
+        entries += self._repaired(component, key, builds, thresholds)
         listed = listed_files({"components": {component: record}, "builds": entries})
         for f in listed:
             p = out / f["path"]
@@ -160,6 +162,26 @@ class BuildCache:
         entries = [{**e, "cache": {**e["cache"], "hit": True, "built": e["cache"].get("built", built)}}
                    for e in entries]
         return record, entries
+
+    def _repaired(self, component: str, key: str, builds, thresholds: dict) -> list[dict]:
+        """The previous build's precision-repair results of this component (builds not planned but made
+        from a rejected planned one) whose keys still hold."""
+        from ..core import BuildSpec, Format, Precision
+
+        out = []
+        for e in self.previous.get("builds", []):
+            if e.get("component") != component or not str(e.get("precision", "")).endswith("-mixed"):
+                continue
+            try:
+                spec = BuildSpec(self.opts.recipe.name, component, Format(e["format"]), Precision(e["precision"]),
+                                 self.opts.target.name)
+            except (ValueError, KeyError):
+                continue
+            base = spec.precision.base
+            if base in thresholds and (e.get("cache") or {}).get("key") == self.build_key(key, spec, thresholds[base]):
+                out.append(e)
+                thresholds.setdefault(spec.precision, thresholds[base])
+        return out
 
     def stamp(self, component: str, record: dict, entries: list[dict], builds, thresholds: dict, created: str) -> None:
         key = self.keys.get(component) or self.component_key(component, builds, thresholds)

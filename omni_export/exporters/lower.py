@@ -77,6 +77,7 @@ class Lowering:
         self.rewrite_report: list[dict] = []
         self._program = None
         self._onnx: dict[str, Path] = {}
+        self.kept_float: dict[str, list[str]] = {}   # mixed precision -> nodes precision repair kept in float
         from ..memory import NO_GATE
 
         self.gate = NO_GATE          # memory.MemoryGate: heavy steps hold their estimate while they run
@@ -87,7 +88,7 @@ class Lowering:
     def state(self) -> dict:
         """The intermediate graphs made so far and what they found, for the jobs that need them."""
         return {"onnx": {k: str(v) for k, v in self._onnx.items()}, "rewrite_report": self.rewrite_report,
-                "shared_weights": self.shared_weights}
+                "shared_weights": self.shared_weights, "kept_float": self.kept_float}
 
     def adopt(self, state: dict) -> None:
         """Take intermediate graphs another job made (its `state()`) instead of making them again."""
@@ -95,6 +96,7 @@ class Lowering:
         if state.get("rewrite_report"):
             self.rewrite_report = state["rewrite_report"]
         self.shared_weights = state.get("shared_weights") or self.shared_weights
+        self.kept_float.update(state.get("kept_float") or {})
 
     # ---- graphs
     def program(self):
@@ -133,6 +135,9 @@ class Lowering:
             path = ox.export(self.program(), self.work / "fp32.onnx", *names)
         elif precision == Precision.FP16:
             path = ox.to_fp16(self.onnx(Precision.FP32), self.work / "fp16.onnx")
+        elif precision.mixed:
+            raise ValueError(f"{key} is made by precision repair (Lowering.quantize_mixed), from a rejected "
+                             f"{precision.base.value} build")
         else:
             if not self.traced.calibration:
                 raise ValueError(f"{precision.value} needs calibration inputs; none were captured")
@@ -152,13 +157,39 @@ class Lowering:
         self._onnx[key] = path
         return path
 
+    def quantize_mixed(self, precision: Precision, keep_float: list[str], tag: str) -> Path:
+        """Precision repair's QDQ graph: `precision`'s base quantization with the nodes `keep_float`
+        left in float (fp16 on the HTP). Written as <mixed>.<tag>.qdq.onnx, one per search step."""
+        from . import onnx as ox
+
+        base = precision.base
+        src = self.onnx(Precision.FP32)
+        calibration = self.traced.calibration
+        big = ox.data_file(src).exists()
+        mapped = big and not isinstance(calibration, ox.MappedSamples)
+        if mapped:
+            calibration = ox.MappedSamples.write(calibration, self.work / f"{precision.value}.{tag}.calibration")
+        try:
+            with self._hold("quantize"):
+                path = isolated(big, ox.quantize_qdq, src, self.work / f"{precision.value}.{tag}.qdq.onnx",
+                                calibration, base, self.headroom.get(base), self.per_channel_linears,
+                                self.weight_rounding, True, "block", tuple(keep_float))
+        finally:
+            if mapped:
+                shutil.rmtree(calibration.root, ignore_errors=True)
+        self._onnx[precision.value] = path
+        self.kept_float[precision.value] = list(keep_float)
+        return path
+
     def qnn_source(self, precision: Precision) -> tuple[Path, dict]:
-        """The ONNX the QNN EP compiles for this precision, and its provider options."""
+        """The ONNX the QNN EP compiles for this precision, and its provider options (fp16 on for a
+        mixed graph's float nodes)."""
         from .. import qnn_ep
 
         src = self.qnn_fp16() if precision == Precision.FP16 else self.onnx(precision)
+        fp16 = precision == Precision.FP16 or bool(self.kept_float.get(precision.value))
         opts = qnn_ep.provider_options(self.target.soc_model, self.target.htp_arch,
-                                       fp16=precision == Precision.FP16, finalize=self.htp_finalize)
+                                       fp16=fp16, finalize=self.htp_finalize)
         return src, opts
 
     def qnn_fp16(self) -> Path:
@@ -276,13 +307,16 @@ class Lowering:
                            "w8a8": "QDQ: uint8 weights (Conv per channel, MatMul per tensor), uint8 activations (MinMax)",
                            "w4a16": f"QDQ: int4 symmetric MatMul / Conv weights (per block of {INT4_BLOCK} input channels "
                                     "for MatMul and 1x1 Conv, else per output channel), other constants as w8a16, uint16 "
-                                    "activations (MinMax)"}[p.value]
+                                    "activations (MinMax)"}[p.base.value]
+            if self.kept_float.get(p.value):
+                d["scheme"] += (f"; precision repair kept {len(self.kept_float[p.value])} nodes in float "
+                                "(fp16 on the HTP)")
             d["calibration_samples"] = len(self.traced.calibration)
             from .onnx import HEADROOM
 
-            d["activation_headroom"] = self.headroom.get(p, HEADROOM[p])
+            d["activation_headroom"] = self.headroom.get(p.base, HEADROOM[p.base])
             if self.per_channel_linears:
-                d["scheme"] += "; linears as 1x1 Conv" + ("" if p == Precision.W4A16 else ": per-output-channel weights")
+                d["scheme"] += "; linears as 1x1 Conv" + ("" if p.base == Precision.W4A16 else ": per-output-channel weights")
             d["weight_rounding"] = self._rounding(p)
             if p.value in self._onnx:
                 from .onnx import weight_bits

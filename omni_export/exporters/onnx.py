@@ -503,7 +503,7 @@ HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
                  headroom: float | None = None, per_channel_linears: bool = False,
                  weight_rounding: str = "nearest", calibrate_once: bool = True,
-                 int4_weights: str = "block") -> Path:
+                 int4_weights: str = "block", keep_float: Sequence[str] = ()) -> Path:
     """Static QDQ for the HTP: int8 weights (w8a16, w8a8; per channel for Conv, per tensor for MatMul,
     which ONNX Runtime's QNN config quantizes per tensor, unless `per_channel_linears` lowers the
     linears as 1x1 Conv first), or for w4a16 signed symmetric int4 weights for every MatMul / Conv /
@@ -512,6 +512,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     16- or 8-bit activations, MinMax ranges collected by running the fp32 model on `calibration`
     (captured real inputs; never dummies), with `headroom` (default HEADROOM[precision]) around them.
     `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
+    `keep_float` names nodes left unquantized (precision repair's blocks kept at higher precision: float
+    in the QDQ graph, fp16 on the HTP; a linear lowered as Conv keeps its name + ".conv").
 
     The calibration inputs run through the fp32 model once: with headroom, every activation's range
     comes from our own MinMax pass (`activation_ranges`) as an override, and ONNX Runtime's quantizer
@@ -570,6 +572,10 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
             convert["recv_nodes"] = set(matmuls)
         overrides[name] = [{**first, "convert": convert}, *rest]
     cfg.extra_options["TensorQuantOverrides"] = overrides
+    if keep_float:
+        keep = set(keep_float)
+        cfg.nodes_to_exclude = list(cfg.nodes_to_exclude or []) + sorted(
+            {n for n in keep} | {f"{n}.conv" for n in keep})
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         with linear_quantizer():
@@ -692,20 +698,70 @@ def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
     return len(todo)
 
 
+def block_nodes(src: Path) -> dict[int, list[str]]:
+    """{block index: node names} of an exported BlockChain (blocks.py): torch's exporter records each
+    node's module scopes (`pkg.torch.onnx.name_scopes`, ['', 'blocks.3', ...]). Nodes outside every
+    block (the chain's own glue) are left out."""
+    import ast
+
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    out: dict[int, list[str]] = {}
+    for n in model.graph.node:
+        meta = {p.key: p.value for p in n.metadata_props}
+        try:
+            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+        except (ValueError, SyntaxError):
+            continue
+        top = scopes[1] if len(scopes) > 1 and isinstance(scopes[1], str) else ""
+        if top.startswith("blocks.") and top[7:].isdigit() and n.name:
+            out.setdefault(int(top[7:]), []).append(n.name)
+    return out
+
+
+def float_island(src: Path, nodes: Sequence[str]) -> list[str]:
+    """`nodes` (but their table lookups) and the nodes that produce their activation inputs: left out
+    of quantization together, the island reads its inputs unquantized too. (ONNX Runtime's quantizer quantizes a tensor at its
+    producer: a kept block fed a 16-bit activation with an outlier channel -- the channel the block's
+    weights then amplify -- lost as much as the all-quantized graph.)"""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    # table lookups stay quantized: a Gather reads its table's rows exactly at the tables' 16 bits, and a
+    # kept block's tables (a Code2Wav RVQ's codebooks) are most of its bytes
+    gathers = {n.name for n in model.graph.node if n.op_type == "Gather"}
+    nodes = [n for n in nodes if n not in gathers]
+    keep = set(nodes)
+    inits = {i.name for i in model.graph.initializer}
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    feeding = {producer[x] for n in model.graph.node if n.name in keep for x in n.input
+               if x and x not in inits and x in producer}
+    return list(nodes) + sorted(feeding - keep)
+
+
 def weight_bits(qdq: Path) -> dict[str, float]:
     """{bits: share of the weight bytes} of a QDQ model: every constant of 2 dims or more behind a
-    DequantizeLinear (MatMul / Conv weights, tables, ...), counted at its integer width."""
+    DequantizeLinear (MatMul / Conv weights, tables, ...), counted at its integer width, and every such
+    constant a node reads unquantized (a block precision repair kept in float) at its float width."""
     import onnx
 
     model = onnx.load(str(qdq), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
     width = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT8: 8,
              onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16,
-             onnx.TensorProto.INT32: 32}
+             onnx.TensorProto.INT32: 32, onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.FLOAT: 32}
     total: dict[int, float] = {}
+    counted: set[str] = set()
     for n in model.graph.node:
-        t = inits.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
-        if t is not None and len(t.dims) >= 2:
+        names = n.input[:1] if n.op_type == "DequantizeLinear" else [
+            x for x in n.input if x in inits and inits[x].data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+            and n.op_type not in ("QuantizeLinear", "Reshape", "Expand", "Tile", "ConstantOfShape")]
+        for name in names:
+            t = inits.get(name)
+            if t is None or len(t.dims) < 2 or name in counted:
+                continue
+            counted.add(name)
             bits = width.get(t.data_type, 32)
             total[bits] = total.get(bits, 0.0) + float(np.prod(t.dims)) * bits / 8
     all_bytes = sum(total.values())

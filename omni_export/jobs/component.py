@@ -33,7 +33,8 @@ SLOW_SAMPLES = 2
 ONNX_FORMATS = (Format.ONNX, Format.DLC, Format.CTX)
 # memory.STEP_FACTORS entry of each job kind of a heavy graph (scoring jobs: by their runner)
 MEMORY_KIND = {"export": "onnx-export", "fp16": "onnx-fp16", "quantize": "quantize", "lower-ctx": "qnn-compile",
-               "lower-dlc": "qnn-dlc", "lower-pte": "pte-lower", "lower": "", "attribute": "qnn-htp"}
+               "lower-dlc": "qnn-dlc", "lower-pte": "pte-lower", "lower": "", "attribute": "qnn-htp",
+               "repair": "qnn-compile"}
 
 
 class ComponentJobs:
@@ -54,12 +55,27 @@ class ComponentJobs:
         self.slow: list[int] | None = None
         self._lowered: dict[int, dict] = {}
         self.per_sample: dict[str, list[float]] = {}      # precision -> its ONNX build's SNR per held-out sample
+        self.repair: dict[str, dict] = {}                 # precision -> precision repair's search (jobs/repair.py)
+        self.sensitivity: dict[str, list] = {}            # precision -> per-block sensitivity rows (repair's ranking)
 
     # ------------------------------------------------------------------------------------ plan
     def _add(self, job: Job) -> Job:
         job.component = self.name
         self.open.add(job.id)
-        return self.graph.add(job)
+        added = self.graph.add(job)
+        if job.kind in ("attribute", "repair") or job.id.split("/")[-1].endswith("-mixed"):
+            self._hold_e2e(job)
+        return added
+
+    def _hold_e2e(self, job: Job) -> None:
+        """With precision repair on, the end-to-end rows of a quantized precision wait for this
+        component's attribution, repair steps and repaired builds: a row runs a repaired build where
+        the plain one was rejected (recipes' placed_build)."""
+        if self.run.opts.repair == "off":
+            return
+        for j in list(self.graph.jobs.values()):
+            if j.kind == "e2e" and j.state == "waiting":
+                self.graph.hold(j.id, job.id)
 
     def _id(self, *parts) -> str:
         return "/".join((self.name,) + tuple(str(p) for p in parts))
@@ -424,13 +440,207 @@ class ComponentJobs:
             self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p), only=only)
         return bool(late)
 
+    # ------------------------------------------------------------------------------------ repair
+    def _maybe_repair(self) -> bool:
+        """--repair auto, once every build is scored and attributed: for each quantized precision whose
+        build on the search's runner was rejected, start precision repair (jobs/repair.py); a precision
+        not attributed yet (--no-attribution) gets its attribution first."""
+        from . import repair as rp
+
+        opts = self.run.opts
+        if opts.repair == "off" or not self.info.get("block_chain"):
+            return False
+        entries = [e for e in self.entries if e is not None]
+        started = False
+        for p in sorted({b.precision for b in self.builds if b.precision.quantized and not b.precision.mixed},
+                        key=list(Precision).index):
+            if p.value in self.repair:
+                continue
+            primary = rp.search_primary(self.builds, p, self._htp())
+            if primary is None or not rp.wants_repair(entries, p, primary):
+                continue
+            heavy = self.info.get("weight_bytes", 0) >= HEAVY_BYTES
+            if heavy:       # real-size graphs: the block-alone attribution ranks (one quantization per block
+                rows = self.attribution.get(p.value)    # of a 0.6B graph is minutes)
+                ranked_by = "attribution"
+                if rows is None:
+                    if not any(j == self._id("attribute", p.value) for j in self.graph.jobs):
+                        self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p))
+                        started = True
+                    continue
+                rows = [{**r, "index": i} for i, r in enumerate(rows)]
+            else:
+                rows = self.sensitivity.get(p.value)
+                ranked_by = "sensitivity"
+                if rows is None:
+                    self._add_sensitivity(p)
+                    started = True
+                    continue
+            order = rp.block_order(rows)
+            self.repair[p.value] = {"runner": "qnn-htp" if primary in (Format.CTX, Format.DLC) else "ort-cpu",
+                                    "ranked_by": ranked_by,
+                                    **({"sensitivity": [{k: r[k] for k in ("block", "snr_db", "error") if k in r}
+                                                        for r in rows]} if ranked_by == "sensitivity" else {}),
+                                    "order": [rows[i]["block"] for i in order], "budget": opts.repair_steps,
+                                    "steps": [], "result": None, "_order": [rows[i]["index"] for i in order]}
+            if not order or opts.repair_steps < 1:
+                self.repair[p.value]["stopped"] = "no block to keep" if not order else "--repair-steps 0"
+                continue
+            self._add_repair_step(p)
+            started = True
+        return started
+
+    def _add_sensitivity(self, p: Precision) -> None:
+        from . import work
+
+        export = self._id("export")
+        names = self.info.get("block_names") or []
+
+        def done(job: Job) -> None:
+            rows = []
+            if job.error is not None:
+                rows = [{"block": "*", "index": -1, "snr_db": None, "error": short(job.error)}]
+            for r in job.result or []:
+                i = r["block"]
+                rows.append({**r, "block": names[i] if i < len(names) else str(i), "index": i})
+            self.sensitivity[p.value] = rows
+            self._line(job, "failed: " + rows[0]["error"] if job.error is not None else "", failed=job.error is not None)
+            self._close(job)
+
+        self._add(Job(self._id("sensitivity", p.value), "repair", (export,),
+                      label=f"{self.name}: per-block sensitivity, {p.value} (each block alone quantized, ORT CPU)",
+                      bind=lambda jobs: (work.sensitivity, (self.ref, self._deps_states(jobs, export), p.value,
+                                                            ATTRIBUTION_SAMPLES + 1, tuple(self.component.gated_outputs))),
+                      done=done))
+
+    def _htp(self) -> bool:
+        return self.run.opts.target.has_htp and self.run.opts.target.place(self.name).unit == "htp"
+
+    def _add_repair_step(self, p: Precision) -> None:
+        from . import work
+
+        search = self.repair[p.value]
+        k = len(search["steps"]) + 1
+        blocks = search["_order"][:k]
+        names = [search["order"][i] for i in range(k)]
+        indices = self.slow if search["runner"] == "qnn-htp" else None
+        search["_indices"] = indices
+        export = self._id("export")
+        jid = self._id("repair", p.value, k)
+        self._add(Job(jid, "repair", (export,),
+                      label=f"{self.name}: repair {p.value}, step {k}: keep {', '.join(names)} in float",
+                      bind=lambda jobs, k=k: (work.repair_step, (self.ref, self._deps_states(jobs, export),
+                                                                 p.repaired().value, blocks, f"s{k}",
+                                                                 search["runner"], indices)),
+                      done=lambda job, p=p, k=k: self._repair_stepped(job, p, k),
+                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
+
+    def _repair_stepped(self, job: Job, p: Precision, k: int) -> None:
+        from ..parity.gate import judge
+        from ..parity.metrics import score_outputs
+        from . import repair as rp
+        from .work import _mapped
+
+        search = self.repair[p.value]
+        names = search["order"][:k]
+        row = {"step": k, "kept_float": names, "seconds": round((job.ended or 0) - (job.started or 0), 3)}
+        threshold = self.thresholds[p]
+        if job.error is not None:
+            row.update({"snr_db": None, "error": short(job.error)})
+            search["steps"].append(row)
+            search["stopped"] = f"step {k} failed: {short(job.error)}"
+            self._line(job, row["error"], failed=True)
+            self._close(job)
+            return
+        result = job.result
+        outputs = result.pop("outputs")
+        refs = list(_mapped(self.ref, "reference", self.info["output_names"]))
+        indices = search.get("_indices")
+        reference = refs if indices is None else [refs[i] for i in indices]
+        scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
+                               self.component.tie_margins)
+        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min)
+        from ..parity.scores import min_snr_db
+
+        db = min_snr_db([s.to_json() for s in verdict.scores], self.component.gated_outputs)
+        row.update({"snr_db": None if db is None else round(db, 3), "verdict": verdict.status,
+                    "reason": verdict.reason, "samples": len(reference),
+                    "integer_share": rp.integer_share(result.get("weight_bits") or {}),
+                    "weight_bits": result.get("weight_bits"), "kept_nodes": result.get("kept_nodes")})
+        search["steps"].append(row)
+        share = row["integer_share"]
+        self._line(job, _headline(verdict, self.component.gated_outputs)
+                   + ("" if share is None else f"; {100 * share:.0f} % of weight bytes still quantized"),
+                   failed=not verdict.accepted)
+        if verdict.accepted:
+            search["result"] = {"precision": p.repaired().value, "step": k, "kept_float": names,
+                                "integer_share": share, "snr_db": row["snr_db"]}
+            self._add_mixed_builds(p, job.id)
+        elif k < min(search["budget"], len(search["_order"])):
+            self._add_repair_step(p)
+        else:
+            search["stopped"] = (f"no variant passed within {k} step(s)" +
+                                 (" (--repair-steps)" if k >= search["budget"] else " (every block kept)"))
+        self._close(job)
+
+    def _add_mixed_builds(self, p: Precision, step_id: str) -> None:
+        """The search's result as builds of their own precision, one per ONNX-family format `p` was asked in."""
+        mixed = p.repaired()
+        self.thresholds[mixed] = self.thresholds[p]
+        formats = [b.format for b in self.builds if b.precision == p and b.format in ONNX_FORMATS]
+        specs = []
+        for f in sorted(formats, key=lambda f: f == Format.DLC):      # a DLC after its context binary
+            spec = BuildSpec(self.run.opts.recipe.name, self.name, f, mixed, self.run.opts.target.name)
+            self.builds.append(spec)
+            self.entries.append(None)
+            specs.append((len(self.builds) - 1, spec))
+        c = self.name
+        for i, spec in specs:
+            kind = {"ctx": "lower-ctx", "dlc": "lower-dlc"}.get(spec.format.value, "lower")
+            lower_id = self._id("lower", spec.format.value, mixed.value)
+            self._add(Job(lower_id, kind, (step_id,), label=f"{c}: lower {spec.format.value} {mixed.value}",
+                          bind=lambda jobs, i=i: self._bind_lower(jobs, i, step_id),
+                          done=lambda job, i=i: self._lowered_done(job, i)))
+            ctx = self._ctx_sibling(spec)
+            score_id = self._id("score", spec.format.value, mixed.value)
+            if ctx is not None:
+                deps = (lower_id, self._id("score", "ctx", mixed.value))
+                self._add(Job(score_id, "score-shared", deps, where="driver",
+                              label=f"{c}: score {spec.format.value} {mixed.value}",
+                              bind=lambda jobs, deps=deps, i=i: self._bind_shared(jobs, i, deps),
+                              done=lambda job, i=i: self._scored(job, i)))
+            else:
+                kind = "score-htp" if spec.format in (Format.DLC, Format.CTX) else "score"
+                self._add(Job(score_id, kind, (lower_id,), label=f"{c}: score {spec.format.value} {mixed.value}",
+                              bind=lambda jobs, i=i, lower_id=lower_id: self._bind_score(jobs, i, lower_id),
+                              done=lambda job, i=i: self._scored(job, i)))
+
+    def _repair_record(self, entries: list[dict]) -> dict:
+        """The component record's `repair`: each searched precision's table and result, with the repaired
+        builds' sizes against the plain and fp16 builds of the same format."""
+        out = {}
+        for pv, search in self.repair.items():
+            rec = {k: v for k, v in search.items() if not k.startswith("_")}
+            if rec.get("result"):
+                sizes = {}
+                for e in entries:
+                    if e["status"] == "rejected" and e["precision"] != pv:
+                        continue
+                    if e["precision"] in (pv, Precision(pv).repaired().value, "fp16") and e.get("files"):
+                        sizes.setdefault(e["format"], {})[e["precision"]] = sum(f["bytes"] for f in e["files"])
+                rec["result"]["bytes"] = sizes
+            out[pv] = rec
+        return out
+
     # ------------------------------------------------------------------------------------ finish
     def _close(self, job: Job) -> None:
         self.open.discard(job.id)
         if self.open:
             return
-        if all(e is not None for e in self.entries) and self._maybe_attribute():
-            return
+        if all(e is not None for e in self.entries):
+            attributing = self._maybe_attribute()
+            if self._maybe_repair() or attributing:        # repair's ranking runs beside the attribution
+                return
         self._finalize()
 
     def _finalize(self) -> None:
@@ -461,6 +671,7 @@ class ComponentJobs:
             **kept,
             "rewrites": rewrites,
             "attribution": self.attribution,
+            **({"repair": self._repair_record(entries)} if self.repair else {}),
             "gated_outputs": list(c.gated_outputs),
             "samples": info.get("samples", []),
             "timings": self.timings,
@@ -496,8 +707,13 @@ class ComponentJobs:
 
     # ------------------------------------------------------------------------------------ helpers
     def _entry(self, spec: BuildSpec) -> dict:
-        return {"name": spec.name, "component": spec.component, "format": spec.format.value,
-                "precision": spec.precision.value, "target": spec.target}
+        e = {"name": spec.name, "component": spec.component, "format": spec.format.value,
+             "precision": spec.precision.value, "target": spec.target}
+        search = self.repair.get(spec.precision.base.value) if spec.precision.mixed else None
+        if search and search.get("result"):
+            e["repair"] = {"from": spec.precision.base.value, "kept_float": search["result"]["kept_float"],
+                           "integer_share": search["result"].get("integer_share")}
+        return e
 
     def _line(self, job: Job, text: str = "", failed: bool = False, label: str | None = None,
               seconds: float | None = None) -> None:

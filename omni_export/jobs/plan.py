@@ -31,6 +31,8 @@ class RunOptions:
     max_memory: int | None = None                  # bytes the build's process tree should stay under; None: what is free
     executor: str = "local"                        # local | ray[:ADDRESS] (jobs/ray_executor.py)
     keep_sources: bool = False                     # keep sources/ (the ONNX AI Hub compiles from): --keep-sources, --hub
+    repair: str = "auto"                           # precision repair of rejected quantized builds: auto | off
+    repair_steps: int = 4                          # its step budget per precision (jobs/repair.py)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from .plan import Plan, RunOptions
 
 
 def gate(opts: RunOptions, component, precision: Precision) -> float:
-    return float(opts.gates.get(precision, component.gate_db(precision)))
+    return float(opts.gates.get(precision.base, component.gate_db(precision)))
 
 
 def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int] | None:
@@ -103,7 +103,8 @@ def manifest(opts, checkpoint_info: dict, the_plan: Plan, entries, components, s
                     "attribution": opts.attribution, "rewrites": list(rewrites(opts)), "jobs": opts.jobs,
                     "gates_db": {p.value: v for p, v in opts.gates.items()},
                     "sim_samples": opts.sim_samples, "htp_optimization": opts.htp_finalize,
-                    "keep_sources": opts.keep_sources, "recipe_options": recipe_options(opts)},
+                    "keep_sources": opts.keep_sources, "repair": opts.repair, "repair_steps": opts.repair_steps,
+                    "recipe_options": recipe_options(opts)},
         "toolchain": mf.toolchain(),
         "host": mf.host(),
         "components": components,

@@ -192,6 +192,72 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
     return rows
 
 
+def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[int], tag: str, runner: str,
+                indices: list[int] | None) -> dict:
+    """One step of precision repair (jobs/repair.py): the graph quantized at `precision`'s base with the
+    nodes of `blocks` (BlockChain indices) kept in float, run on `runner` ("qnn-htp": the HTP
+    simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`). Returns the
+    intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
+    outputs, the share of weight bytes per width and the nodes kept."""
+    from ..core import Precision
+    from ..exporters.onnx import block_nodes, float_island, weight_bits
+    from ..parity.runners import run_all
+
+    lowering, _ = _adopted(ref, states)
+    p = Precision(precision)
+    src = lowering.onnx(Precision.FP32)
+    nodes = block_nodes(src)
+    keep = float_island(src, [n for b in blocks for n in nodes.get(b, [])])
+    path = lowering.quantize_mixed(p, keep, tag)
+    spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
+    held = _mapped(ref, "heldout", spec.input_names)
+    outputs = run_all(spec, list(held) if indices is None else [held[i] for i in indices])
+    return {**lowering.state(), "outputs": outputs, "weight_bits": weight_bits(path), "kept_nodes": len(keep),
+            "runner": spec.label}
+
+
+def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, gated: tuple = ()) -> list[dict]:
+    """Per block of a BlockChain: the whole graph with only that block quantized at `precision` (every
+    other node in float), run on ORT CPU over the last `limit` held-out samples and scored against
+    fp32 -- what quantizing that block costs the graph's outputs, downstream amplification included
+    (an outlier channel a block's rounding loses and a later block amplifies shows here, not in the
+    block-alone attribution). Rows {block, snr_db} in chain order (jobs/repair.py ranks them)."""
+    from ..core import Precision
+    from ..exporters.onnx import block_nodes
+    from ..parity.metrics import score_outputs
+    from ..parity.runners import run_all
+    from .errors import short
+
+    lowering, traced = _adopted(ref, states)
+    p = Precision(precision)
+    src = lowering.onnx(Precision.FP32)
+    nodes = block_nodes(src)
+    every = [n for ns in nodes.values() for n in ns]
+    held = list(_mapped(ref, "heldout", traced.input_names))[-limit:]
+    refs = list(_mapped(ref, "reference", traced.output_names))[-limit:]
+    specs = json.loads(ref.specs)
+    rows = []
+    for i in sorted(nodes):
+        row = {"block": i}
+        try:
+            mine = set(nodes[i])
+            lowering.quantize_mixed(p.repaired(), [n for n in every if n not in mine], f"only{i}")
+            outs = run_all(lowering.cpu_runner(p.repaired()), held)
+            scores = score_outputs(traced.output_names, refs, outs, tuple(specs.get("logits") or ()))
+            floats = [s.snr_db for s in scores if s.agreement is None and (not gated or s.name in gated)]
+            row["snr_db"] = round(min(floats), 3) if floats and all(s.finite for s in scores) else None
+        except Exception as e:
+            from ..artifacts.store import is_disk_full
+
+            if is_disk_full(e):
+                raise
+            row.update({"snr_db": None, "error": short(e)})
+        rows.append(row)
+    lowering._onnx.pop(p.repaired().value, None)
+    lowering.kept_float.pop(p.repaired().value, None)
+    return rows
+
+
 def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: str, runners: dict,
                meter: str | None = None) -> dict:
     """The recipe's end-to-end rows for `runners` over the builds in OUT that `manifest` lists; the

@@ -51,6 +51,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += _rejected(rows, regated)
     lines += _fail_under(regated)
     lines += _weakest(m)
+    lines += _repair(m)
     lines += _end_to_end(m)
     lines += hub.markdown(m)
     if m.get("skipped"):
@@ -151,6 +152,30 @@ def _end_to_end(m: dict) -> list[str]:
     if any(r.get("verdict") != "skipped" and "code_agreement" in r for r in rows):
         lines += ["", E2E_GATE_NOTE]
     return lines
+
+
+def _repair(m: dict) -> list[str]:
+    """Precision repair (jobs/repair.py): per searched component x precision, its result and search table."""
+    from ..jobs.repair import table
+
+    out = []
+    for comp, rec in sorted((m.get("components") or {}).items()):
+        for pv, search in sorted(((rec or {}).get("repair") or {}).items()):
+            r = search.get("result")
+            if r:
+                share = r.get("integer_share")
+                head = (f"{md(comp)} {md(pv)} rejected → **{md(r['precision'])}** accepted at step {r['step']}: "
+                        f"{md(', '.join(r['kept_float']))} kept in float"
+                        + ("" if share is None else f", {100 * share:.1f} % of weight bytes still quantized"))
+                sizes = r.get("bytes") or {}
+                parts = [f"{md(f)} " + " / ".join(f"{md(p)} {human_bytes(b)}" for p, b in sorted(v.items()))
+                         for f, v in sorted(sizes.items())]
+                if parts:
+                    head += " (sizes: " + "; ".join(parts) + ")"
+            else:
+                head = f"{md(comp)} {md(pv)} rejected; repair found no passing variant: {md(search.get('stopped') or '')}"
+            out += ["", f"Precision repair: {head}", ""] + table(search)
+    return out
 
 
 def _weakest(m: dict) -> list[str]:

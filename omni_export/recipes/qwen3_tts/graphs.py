@@ -185,7 +185,7 @@ class BuildGraphs:
         trim_heap()         # a closed session's weights otherwise stay in glibc's arenas
 
 
-PRECISION_ORDER = ["fp32", "fp16", "w8a16", "w8a8", "w4a16"]
+PRECISION_ORDER = ["fp32", "fp16", "w8a16", "w8a16-mixed", "w8a8", "w8a8-mixed", "w4a16", "w4a16-mixed"]
 
 
 def placed_build(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: bool = True,
@@ -207,6 +207,10 @@ def placed_build(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: b
             if b:
                 return b, k, "fp32"
     b = find(fmt, precision)
+    if b is None and precision in ("w8a16", "w8a8", "w4a16") and not allow_rejected:
+        # precision repair's result stands in for a rejected quantized build (jobs/repair.py)
+        mixed = find(fmt, precision + "-mixed")
+        return (mixed, kind, precision + "-mixed") if mixed else None
     return (b, kind, precision) if b else None
 
 
