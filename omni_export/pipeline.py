@@ -196,6 +196,7 @@ class Build:
                 self.paced.status = None
                 executor.close()
             self.eta.finish()
+            self._learn(graph)           # before the reports: a failure there keeps the job seconds
             self.memory_gate = gate.report()
             for cj in self.runs.values():
                 if cj.record and (cj.record.get("weight_bytes") or 0) >= HEAVY_BYTES:
@@ -204,7 +205,6 @@ class Build:
             self._plan_and_eta(the_plan, graph, None, None)
         self.available = available
         manifest = record.finish(self, the_plan, order, graph, seeds, started)
-        self._learn(graph)
         s = manifest["summary"]
         return Result(manifest, 3 if s["components_without_accepted_build"] or s["end_to_end_failed"] else 0, opts.out)
 

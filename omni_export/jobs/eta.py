@@ -8,7 +8,8 @@ KEEP durations with the component's fp32 weight bytes; per checkpoint identity (
 checkpoint digest) each component's weight bytes, known before its trace runs; and per build
 signature the jobs a run adds once it is under way (end-to-end rows, attribution), so the first ETA
 includes them. A job's estimate, first match wins:
-  1. its own id's durations at a weight size within SIZE_RATIO of this one (median);
+  1. its own id's durations at a weight size within SIZE_RATIO of this one (their median, the
+     later runs weighing more: recent_median);
   2. the same kind and component at such a size (median);
   3. the kind's least-squares line in weight GiB, within the sizes it was fitted on;
   4. the graph's defaults (graph.DEFAULT_SECONDS, scaled by graph.SECONDS_PER_GIB past 256 MB).
@@ -38,6 +39,7 @@ KEEP = 8                     # durations kept per job id
 MAX_JOBS = 4000              # job ids kept (the least recently run dropped)
 MAX_MODELS = 64              # checkpoint identities / build signatures kept
 SIZE_RATIO = 1.5             # weight sizes within this factor count as "the same size"
+RECENCY = 1.5                # each run of a job weighs this much more than the one before it
 LATE_KINDS = ("e2e", "attribute")
 _MAX_SECONDS = 1e6
 
@@ -57,6 +59,19 @@ def _near(a: int | None, b: int | None) -> bool:
         return a is None and b is None
     lo, hi = sorted((max(a, 1), max(b, 1)))
     return hi <= lo * SIZE_RATIO
+
+
+def recent_median(seconds: list[float]) -> float:
+    """The weighted median of a job's durations, oldest first, each run weighing RECENCY times the
+    one before: the host's load drifts, so the latest runs say most about the next one, and one odd
+    run among several does not decide."""
+    pairs = sorted((s, RECENCY ** i) for i, s in enumerate(seconds))
+    half, acc = sum(w for _, w in pairs) / 2, 0.0
+    for s, w in pairs:
+        acc += w
+        if acc >= half:
+            return s
+    return pairs[-1][0]
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -164,7 +179,7 @@ class CostModel:
         if own:
             near = [s for w, s in own["runs"] if _near(w, weight)]
             if near:
-                return statistics.median(near)
+                return recent_median(near)
         same = [s for e in self.jobs.values() if e["kind"] == kind and e["component"] == component
                 for w, s in e["runs"] if _near(w, weight)]
         if same:
@@ -408,7 +423,7 @@ class EtaReport:
         measured, total = self.eta.measured()
         self.measured_at_start = measured
         age = process_age()
-        self.first, self.first_at = rem, age
+        self.first, self.first_at, self.first_cpu = rem, age, time.process_time()
         basis = (f"{measured} of {total} jobs timed by past runs" if measured else
                  "no past run of these jobs: the graph's default estimates")
         self._say(rem, f" ({basis}; cost model {self.eta.costs.where})")
@@ -426,7 +441,7 @@ class EtaReport:
     def tick(self, running, done: int, total: int) -> None:
         """Called by the scheduler's loop: a new ETA line when jobs finished and the end moved."""
         now = time.time()
-        if done == self._finished or now - self._said_at < self.MIN_GAP:
+        if done == self._finished or done == total or now - self._said_at < self.MIN_GAP:
             return
         self._finished = done
         rem = self.eta.remaining(now)
@@ -473,6 +488,8 @@ class EtaReport:
         wall = getattr(self, "wall", None)
         out = {"first_s": round(self.first, 1) if self.first is not None else None,
                "first_said_at_s": round(self.first_at, 1) if self.first_at is not None else None,
+               # CPU seconds this process had used by then: the wall on an idle host, roughly
+               "first_said_at_cpu_s": round(self.first_cpu, 1) if self.first is not None else None,
                "jobs_wall_s": round(wall, 1) if wall is not None else None,
                "timed_by_past_runs": getattr(self, "measured_at_start", None)}
         if self.first is not None and wall:
