@@ -183,7 +183,7 @@ def caveats(m: dict, rows: list[BuildRow]) -> list[str]:
         how = "in fp32" if acc == "fp32" else "in a way omni-export could not tell"
         out.append(f"{len(pte16)} accepted fp16 .pte build(s) were scored on a CPU whose XNNPACK sums fp16 "
                    f"products {how}; phones sum them in fp16, which loses more on long reductions "
-                   f"(docs/jobs.md). Confirm them on a device (--hub) or on a CPU with AVX512-FP16.")
+                   f"(docs/fp16-pte.md). Confirm them on a device (--hub) or on a CPU with AVX512-FP16.")
     target = m.get("target") or {}
     if target.get("htp_arch"):
         placement = target.get("placement") or {}
