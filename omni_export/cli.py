@@ -12,6 +12,7 @@ import click
 from . import __version__, qnn_ep
 from .commands import hub as hub_cli
 from .commands import reports
+from .commands.bundle import bundle
 from .commands.group import OneLineErrors
 from .commands.verify import verify
 from .core import Format, Precision, UsageError, strict_json
@@ -443,6 +444,7 @@ for _name in REGISTRY:
         synth_group.add_command(_synth_command(_name, get_recipe(_name).synth))
 reports.register(main)
 main.add_command(verify)
+main.add_command(bundle)
 hub_cli.register(main)
 
 

@@ -258,6 +258,7 @@ class Recipe:
     # "module:function(model, out, manifest, runners, progress) -> rows": whole-pipeline parity
     end_to_end: str = ""
     synth: str = ""                          # module with HELP, options() and run(**kw): `omni-export synth`
+    bundle: str = ""                         # "module:function(manifest, out) -> artifacts.bundle.Bundle": host data
     options: tuple[RecipeOption, ...] = ()
     version: str = "1"                       # bump when graphs change (part of build cache keys)
     realtime: RealTime | None = None         # per unit of output: which graphs run how often

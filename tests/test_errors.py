@@ -210,7 +210,7 @@ def test_weight_symlinked_outside_the_checkpoint_is_followed_and_recorded(tmp_pa
     (w,) = [w for w in weights if w["path"] == f"{ST}/model.safetensors"]
     assert w["resolved"] == str(blob.resolve()) and w["outside_checkpoint"] is True
     assert not any(w.get("outside_checkpoint") for w in weights if w["path"] != f"{ST}/model.safetensors")
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json", "parity-inputs", "parity.json",
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "bundle", "manifest.json", "parity-inputs", "parity.json",
                                                      "qwen3-tts-text_projection-fp16-s25-htp.onnx", "report.html",
                                                      "report.md"]
 
@@ -451,7 +451,7 @@ def test_unknown_recipe_lists_the_valid_ones(tmp_path):
     proc = run_cli("whisper-xl", "--target", "s25-htp")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("omni-export: error: unknown recipe 'whisper-xl'; valid: qwen3-tts, minicpm-o, "
-                                   "spark (other commands: diff, hub, list, parity, report, synth, verify)")
+                                   "spark (other commands: bundle, diff, hub, list, parity, report, synth, verify)")
 
 
 def test_click_usage_errors_are_one_line_too():

@@ -170,3 +170,27 @@ def test_synth_falls_back_to_the_step_graphs_when_the_build_has_no_frame_graph(b
     assert (np.load(tmp_path / "s.npy") == np.load(tmp_path / "f.npy")).all()     # same codes either way
     proc = run_cli(*args, "--predictor", "frame")                                  # asked for: a clear error
     assert proc.returncode == 2 and "no usable 'predictor_frame' graph" in proc.stderr
+
+
+def test_synth_from_the_bundle_alone_speaks_the_codes_of_synth_on_the_build(build, tmp_path):
+    """The bundle the build wrote, moved away from OUT and the checkpoint: text -> codes -> WAV with its
+    context binaries on the HTP simulator equals `synth --build OUT --runner htp` on the same seed
+    (issue 37 item 3; docs/bundle.md)."""
+    import shutil
+
+    _, out = build
+    ship = tmp_path / "ship"
+    shutil.copytree(out / "bundle", ship)
+    args = ("--text", "Hi there.", "--seed", "7", "--max-frames", "2", "--json")
+    a = run_cli("synth", "qwen3-tts", "--bundle", str(ship), *args, "--codes-out", str(tmp_path / "a.npy"),
+                "--wav", str(tmp_path / "a.wav"))
+    assert a.returncode == 0, a.stderr[-2000:]
+    b = run_cli("synth", "qwen3-tts", "--build", str(out), "--runner", "htp", *args,
+                "--codes-out", str(tmp_path / "b.npy"), "--wav", str(tmp_path / "b.wav"))
+    assert b.returncode == 0, b.stderr[-2000:]
+    sa, sb = json.loads(a.stdout), json.loads(b.stdout)
+    assert sa["text_ids"] == sb["text_ids"] and sa["frames"] == sb["frames"] == 2
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+    rt = json.loads((ship / "runtime.json").read_text())
+    assert {g["format"] for g in rt["graphs"].values()} == {"ctx"} and set(rt["graphs"]) == set(GRAPHS)

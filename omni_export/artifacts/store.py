@@ -137,7 +137,8 @@ class FileRecord:
 
 def listed_files(manifest: dict) -> list[dict]:
     """Every file record a manifest lists: build files, kept audio samples, parity and calibration
-    inputs, the source ONNX kept for AI Hub and each build's AI Hub results (tolerates damage)."""
+    inputs, the source ONNX kept for AI Hub, each build's AI Hub results and the bundle's files
+    (tolerates damage)."""
     out = []
     for b in manifest.get("builds") or []:
         if isinstance(b, dict):
@@ -157,6 +158,9 @@ def listed_files(manifest: dict) -> list[dict]:
         sources = c.get("sources")
         if isinstance(sources, dict):
             out += [f for f in sources.values() if isinstance(f, dict) and "path" in f]
+    bundle = manifest.get("bundle")                  # OUT/bundle/ (artifacts/bundle.py), paths relative to OUT
+    if isinstance(bundle, dict):
+        out += [f for f in bundle.get("files") or [] if isinstance(f, dict)]
     return out
 
 

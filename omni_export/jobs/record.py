@@ -126,6 +126,25 @@ def summary(entries: list[dict], components: dict, e2e: list[dict] = ()) -> dict
     }
 
 
+def bundle(out, m: dict, progress) -> dict:
+    """OUT/bundle/ (artifacts/bundle.py) from the accepted builds, at the end of every build; one that
+    cannot be made (no accepted build, the checkpoint's host data gone) is recorded with why and an
+    older one removed, never failing the build."""
+    from ..artifacts import bundle as bd
+    from ..core import UsageError
+    from ..reports.view import human_bytes
+
+    with progress.stage("write the bundle") as note:
+        try:
+            rec = bd.write(out, m)
+        except UsageError as e:
+            bd.remove(out / "bundle")
+            note.text, note.failed = str(e), True
+            return {"error": str(e)}
+        note.text = f"{len(rec['graphs'])} graph(s), {human_bytes(rec['bytes'])} in {rec['path']}/"
+        return rec
+
+
 def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started: float) -> dict:
     """The manifest of a finished job graph, the end-to-end rows, the reports; OUT's documents written last."""
     from ..artifacts import reproducibility as repro
@@ -154,6 +173,7 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["seeds"] = {**seeds, **model_seeds}
     m["reproducibility"] = repro.declared(m)
     m["cache"] = build.cache.summary(build.available or sorted(components), runners, e2e_reused)
+    m["bundle"] = bundle(build.store.root, m, build.progress)
     m["timings"]["total_s"] = round(time.time() - started, 3)
     if getattr(build, "eta", None) is not None:
         m["timings"]["eta"] = build.eta.record()          # the first ETA against the wall (jobs/eta.py)

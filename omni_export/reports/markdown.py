@@ -54,6 +54,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += _repair(m)
     lines += _end_to_end(m)
     lines += hub.markdown(m)
+    lines += _bundle(m)
     if m.get("skipped"):
         lines += ["", "Not built: " + "; ".join(_skipped_groups(m["skipped"]))]
     accepted = sum(r.accepted for r in rows)
@@ -62,6 +63,22 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines += ["", f"**{accepted} accepted, {len(rows) - accepted} rejected**{cached} in {m['timings']['total_s']:.0f} s. "
                   "Plots, audio, per-block fidelity and provenance: `report.html`."]
     return "\n".join(lines) + "\n"
+
+
+def _bundle(m: dict) -> list[str]:
+    """OUT/bundle/ (artifacts/bundle.py): its size and files, or why there is none."""
+    b = m.get("bundle")
+    if not isinstance(b, dict):
+        return []
+    if b.get("error"):
+        return ["", f"**Bundle:** none: {md(b['error'])}"]
+    files = [f for f in b.get("files") or [] if isinstance(f, dict)]
+    graphs = ", ".join(f"{md(c)} {md(g)}" for c, g in (b.get("graphs") or {}).items())
+    lines = ["", f"**Bundle** {md(b.get('path'), code=True)}: {human_bytes(b.get('bytes') or 0)} in {len(files)} files, "
+                 f"one accepted graph per component ({graphs}), `runtime.json` and a README (docs/bundle.md)."
+             + (f" {md(b['note'])}." if b.get("note") else ""), ""]
+    lines += [f"- {md(f.get('path'), code=True)} ({human_bytes(f.get('bytes') or 0)})" for f in files]
+    return lines
 
 
 def _title(m: dict, rows: list[BuildRow], regated: dict | None) -> str:

@@ -95,6 +95,33 @@ class BuildGraphs:
         self._runners = {}
         self._opened: set[str] = set()
 
+    @classmethod
+    def from_bundle(cls, root: Path, rt: dict) -> "BuildGraphs":
+        """The graphs of a bundle (artifacts/bundle.py; `rt` its checked runtime.json), each on the
+        runtime of its format: a context binary on the HTP simulator with the options it was scored
+        with, ONNX on ONNX Runtime CPU, .pte on ExecuTorch. A DLC runs on the phone's QNN runtime only."""
+        from ...artifacts.bundle import RUNTIMES, provider_options
+        from ...parity.runners import RunnerSpec
+
+        self = cls.__new__(cls)
+        self._m, self.runner, self._asked = None, "bundle", None
+        self.specs, self.precision, self.placed, self._bytes, self._unrunnable = {}, {}, {}, {}, {}
+        self.max_open_bytes, self.lean, self.reopened = None, False, 0
+        self._runners, self._opened = {}, set()
+        for comp, g in rt["graphs"].items():
+            kind = RUNTIMES[g["format"]][0]
+            if kind == "qnn-dlc":
+                self._unrunnable[comp] = (f"the bundle's {comp} graph is a DLC, which only the phone's QNN runtime "
+                                          f"runs; make the bundle with --pick {comp}=ctx:{g['precision']}")
+                continue
+            model = next(f for f in g["files"] if f.endswith((".onnx", ".pte")))
+            opts = provider_options(rt["target"], g["precision"], rt["target"].get("htp_optimization")) \
+                if kind == "qnn-htp" else {}
+            self.specs[comp] = RunnerSpec(kind, str(Path(root) / model), tuple(s["name"] for s in g["inputs"]),
+                                          tuple(s["name"] for s in g["outputs"]), opts)
+            self.precision[comp] = g["precision"]
+        return self
+
     @staticmethod
     def _read(out: Path) -> dict:
         path = out / "manifest.json"
@@ -134,6 +161,8 @@ class BuildGraphs:
         """Why graph `name` has no build to run here, and what would run: the other precisions or
         runners of this build that have an accepted one."""
         m, runner = self._m, self.runner
+        if m is None:                    # a bundle's (from_bundle)
+            return self._unrunnable.get(name) or f"the bundle has no '{name}' graph (it has {', '.join(self.specs)})"
         fmt = RUNNER_FORMATS[runner][0]
         head = f"the build has no usable '{name}' graph for --runner {runner}"
         if name not in m["components"]:

@@ -149,6 +149,7 @@ RECIPE = Recipe(
     tiny="omni_export.recipes.qwen3_tts.checkpoint:write_checkpoint",
     end_to_end="omni_export.recipes.qwen3_tts.e2e:run",
     synth="omni_export.recipes.qwen3_tts.synth",
+    bundle="omni_export.recipes.qwen3_tts.bundle:host",
     # prefill and decode graphs of the same weights: one context binary each on AI Hub (link jobs)
     links=(LinkGroup("talker", ("talker_prefill", "talker_decode"), "the talker's prefill and per-frame step"),
            *(LinkGroup(f"talker_part{i}", (f"talker_prefill_part{i}", f"talker_decode_part{i}"),

@@ -12,11 +12,12 @@ from pathlib import Path
 import click
 
 HELP = """Synthesise speech with a Qwen3-TTS checkpoint, through the fp32 reference modules or through
-the exported graphs of a build (--build OUT --runner ort|htp|pte).
+the exported graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone (--bundle DIR).
 
 \b
   omni-export synth qwen3-tts --checkpoint DIR --text "Hello there." --speaker ryan --wav out.wav
   omni-export synth qwen3-tts --build artifacts/qwen3-tts-s25-htp --runner htp --text "Hi." --wav hi.wav
+  omni-export synth qwen3-tts --bundle artifacts/qwen3-tts-s25-htp/bundle --text "Hi." --wav hi.wav
   omni-export synth qwen3-tts --checkpoint DIR --text-ids 151644,77091,198,... --greedy --codes-out c.npy
   omni-export synth qwen3-tts --checkpoint DIR --codes c.npy --wav out.wav        (decode only)
   omni-export synth qwen3-tts --checkpoint BASE --ref-audio me.wav --ref-text "What me.wav says." \
@@ -131,6 +132,10 @@ def options() -> list:
           help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
                "the build's checkpoint with --build, else the demo checkpoint"),
         o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--bundle"], type=click.Path(), default=None,
+          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, tokenizer, "
+               "tables and graphs, each graph on its format's runtime (context binary: the HTP simulator; ONNX: "
+               "ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
         o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
           help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
         o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
@@ -192,13 +197,18 @@ def run(**kw) -> dict:
         check_output_file(npy_path(kw["codes_out"]), "--codes-out")
     _ids(kw.get("text_ids"), "--text-ids")          # their syntax before the checkpoint loads
     _ids(kw.get("instruct_ids"), "--instruct-ids")
+    if kw.get("bundle"):
+        from .bundle import synth
+
+        return synth(kw)
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
         return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw, name: str) -> dict:
+def _run(model, build, kw, name: str, graphs=None) -> dict:
+    """`graphs`: a bundle's (bundle.synth), else the build's on --runner, else the eager modules."""
     import numpy as np
 
     from ...artifacts.manifest import read_manifest
@@ -209,8 +219,8 @@ def _run(model, build, kw, name: str) -> dict:
     # Every input is checked before a graph runs: codes, ids, the prompt's length, the voice.
     codes = _read_codes(Path(kw["codes"]), model) if kw.get("codes") else None
     req, voice, split = (None, None, None) if codes is not None else _request(model, kw, build, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
-        else EagerGraphs(model)
+    graphs = graphs or (BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build
+                        else EagerGraphs(model))
     graphs = clock = Latency(graphs, model)      # every call timed: --json's ttfa_ms, rtf, latency
     chosen, notes = kw.get("predictor"), []
     try:
