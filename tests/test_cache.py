@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -82,8 +83,12 @@ def test_unchanged_build_is_reused_and_changes_rebuild_what_they_affect(ckpt, tm
     jsonschema.validate(read_manifest(out), json.loads((SCHEMAS / "manifest.schema.json").read_text()))
     assert run_cli("verify", str(out)).returncode == 0
 
-    # --force rebuilds an unchanged build, and the next run reuses what it built
-    run_cli(*one, "--force", check=True)
+    # --force rebuilds an unchanged build, and the next run reuses what it built; its ETA comes from
+    # the job seconds the runs above left in the cost model (jobs/eta.py); --json: progress on stderr
+    proc = run_cli(*one, "--force", check=True)
+    assert json.loads(proc.stdout)["exit_code"] == 0
+    timed = re.search(r"^ETA \S+, about \S+: 0/(\d+) jobs done \((\d+) of (\d+) jobs timed by past runs", proc.stderr, re.M)
+    assert timed and timed[1] == timed[2] == timed[3], proc.stderr[-2000:]
     forced = read_manifest(out)
     assert hits(forced) == {"text_projection": False} and forced["cache"]["reuse"] == "off (--force)"
     run_cli(*one, check=True)

@@ -374,6 +374,8 @@ def test_a_checkpoint_saved_by_upstream_works_unchanged(tmp_path):
                    "--formats", "onnx", "--precision", "fp16", "--components", "talker_decode,code2wav",
                    "--no-attribution", "--json", "-q", *GEOMETRY)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["exit_code"] == 0                 # stdout: the JSON alone
+    assert "plan: " not in proc.stderr and "ETA " not in proc.stderr  # -q: no progress
     m = read_manifest(tmp_path / "o")
     assert m["checkpoint"]["label"] == "user checkpoint" and not m["checkpoint"]["demo"]
     meta = json.loads((GOLDEN / "qwen3_tts" / "meta.json").read_text())["upstream_saved"]
@@ -409,6 +411,45 @@ def test_the_demo_progress_carries_no_library_chatter(demo_run):
     assert "lower pte w8a16" in proc.stderr and "score pte fp16 on executorch" in proc.stderr
     for chatter in ("cpuinfo_utils.cpp", "Failed to load", "KernelPreference", "register_constant"):
         assert chatter not in proc.stderr, chatter
+
+
+def test_the_build_prints_its_plan_and_a_first_eta_before_any_job_ends(demo_run):
+    """The plan (builds as components x formats x precisions, jobs per kind, scoring runs per runner)
+    and an ETA come before the first job's line; the ETA is refined as jobs end; the manifest keeps
+    the first ETA against the wall; the cost model (jobs/eta.py) holds this run's job seconds."""
+    import os
+    import re
+    from collections import Counter
+
+    proc, out = demo_run
+    lines = proc.stderr.splitlines()
+    m = read_manifest(out)
+    first_job = next(i for i, ln in enumerate(lines) if ln.startswith(("✓", "✗")) and ": trace " in ln)
+    head = lines[:first_job]
+    b = re.search(r"^plan: (\d+) builds of (\d+) components x (\d+) formats \(([a-z, ]+)\) x (\d+) precisions "
+                  r"\(([a-z0-9, ]+)\)", "\n".join(head), re.M)
+    assert b, head
+    assert int(b[1]) == len(m["builds"]) and int(b[2]) == len({x["component"] for x in m["builds"]})
+    assert b[4].split(", ") == list(dict.fromkeys(x["format"] for x in m["builds"]))
+    assert b[6].split(", ") == list(dict.fromkeys(x["precision"] for x in m["builds"]))
+    j = re.search(r"^plan: (\d+) jobs on (\d+) workers? \((\w+)\): (.*)$", "\n".join(head), re.M)
+    kinds = {k: int(n) for n, k in (x.split(" ") for x in j[4].split(", "))}
+    graph = m["jobs"]["graph"]
+    assert sum(kinds.values()) == int(j[1]) and int(j[2]) == m["jobs"]["workers"]
+    later = Counter(r["kind"] for r in graph) - Counter(kinds)       # planned once under way: rows, attribution
+    assert set(later) <= {"e2e", "attribute"} and later["e2e"] >= 1, later
+    runs = re.search(r"^plan: (\d+) scoring runs: (.*?)(;|$)", "\n".join(head), re.M)
+    per = {r: int(n) for n, r in re.findall(r"(\d+) on (\w+) \(", runs[2])}
+    fmt = Counter(x["format"] for x in m["builds"])
+    expected = {"ort": fmt["onnx"], "htp": fmt["ctx"], "pte": fmt["pte"]}
+    assert per == {k: n for k, n in expected.items() if n} and int(runs[1]) == sum(per.values())
+    etas = [ln for ln in lines if re.match(r"^ETA (\d+h)?(\d+m)?\d+s, about \d\d:\d\d:\d\d: \d+/\d+ jobs done", ln)]
+    assert etas and etas[0] in head, head
+    assert re.search(r"^jobs ended after \S+; the first ETA said \S+ \([+-]\d+ %\)$", proc.stderr, re.M)
+    eta = m["timings"]["eta"]
+    assert eta["first_s"] > 0 and eta["jobs_wall_s"] > 0 and eta["first_said_at_s"] is not None
+    costs = json.loads((Path(os.environ["OMNI_EXPORT_CACHE_DIR"]) / "costs.json").read_text())
+    assert {r["id"].split(" (")[0] for r in graph if r["state"] == "done"} <= {k.split(" (")[0] for k in costs["jobs"]}
 
 
 def test_each_score_line_says_the_builds_verdict(demo_run):
