@@ -193,8 +193,9 @@ class Build:
             try:
                 sched.run()
             finally:
-                self.paced.status = None
+                self.paced.status = lambda: "... stopping the worker processes"
                 executor.close()
+                self.paced.status = None
             self.eta.finish()
             self._learn(graph)           # before the reports: a failure there keeps the job seconds
             self.memory_gate = gate.report()

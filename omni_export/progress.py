@@ -142,7 +142,7 @@ class Paced(Wrapped):
     a line, one line saying what runs (`status()`, else the open stages), so no step runs longer
     than that silently -- a trace, a simulator run, a host loop in the build process."""
 
-    def __init__(self, inner: Progress, every: float = 10.0):
+    def __init__(self, inner: Progress, every: float = 9.0):      # checked once a second: a line every <= 10 s
         super().__init__(inner)
         self.every = every
         self.last = time.monotonic()
@@ -290,7 +290,7 @@ class FrameLines:
     """A sink printing a meter's line (`emit`) after its first frame, then whenever `every` seconds
     passed since the last line, and a heartbeat while a single frame takes longer than that."""
 
-    def __init__(self, emit, every: float = 10.0):
+    def __init__(self, emit, every: float = 9.0):
         import threading
 
         self.emit, self.every = emit, every
@@ -332,7 +332,7 @@ class FrameLines:
 
 
 @contextlib.contextmanager
-def frame_lines(emit, every: float = 10.0):
+def frame_lines(emit, every: float = 9.0):
     """Host loops inside print their frames done / total with an ETA through `emit` (FrameLines)."""
     with FrameLines(emit, every) as lines, frame_sink(lines):
         yield lines
