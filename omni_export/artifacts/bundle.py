@@ -10,7 +10,6 @@ docs/bundle.md describes the policy and every runtime.json field.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -335,20 +334,6 @@ def read_runtime(bundle: Path) -> dict:
 
 def schema_error(rt) -> str | None:
     """The most specific violation of schemas/runtime.schema.json, as `json.path: what`, or None."""
-    from jsonschema.exceptions import best_match
+    from .manifest import schema_error as first_violation
 
-    from .manifest import _what, json_path
-
-    error = best_match(_validator().iter_errors(rt))
-    if error is None:
-        return None
-    where = json_path(error.absolute_path)
-    return f"{where}: {_what(error)}" if where else _what(error)
-
-
-@functools.lru_cache(maxsize=1)
-def _validator():
-    from jsonschema.validators import validator_for
-
-    schema = json.loads(SCHEMA_FILE.read_text())
-    return validator_for(schema)(schema)
+    return first_violation(rt, SCHEMA_FILE)

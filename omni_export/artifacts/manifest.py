@@ -198,22 +198,23 @@ def check_manifest(m, file: str | Path, out: str | Path) -> None:
     check_paths(m, file, out)
 
 
-def schema_error(m: dict) -> str | None:
-    """The most specific violation of schemas/manifest.schema.json, as `json.path: what`, or None."""
+def schema_error(m: dict, schema_file: Path = SCHEMA_FILE) -> str | None:
+    """The most specific violation of schemas/manifest.schema.json (or another published schema: the
+    bundle's runtime.schema.json), as `json.path: what`, or None."""
     from jsonschema.exceptions import best_match
 
-    error = best_match(_validator().iter_errors(m))
+    error = best_match(_validator(schema_file).iter_errors(m))
     if error is None:
         return None
     where = json_path(error.absolute_path)
     return f"{where}: {_what(error)}" if where else _what(error)
 
 
-@functools.lru_cache(maxsize=1)
-def _validator():
+@functools.lru_cache(maxsize=4)
+def _validator(schema_file: Path = SCHEMA_FILE):
     from jsonschema.validators import validator_for
 
-    schema = json.loads(SCHEMA_FILE.read_text())
+    schema = json.loads(schema_file.read_text())
     return validator_for(schema)(schema)
 
 
