@@ -25,7 +25,7 @@ frames are upstream's codes of the reference alone (tested through torch.export;
 export of it run in onnxruntime gave the same codes).
 
 Two things worth knowing for export and fidelity:
-- The nearest-codeword search (the argmin, `_nearest`) mirrors torch.cdist's matmul path, which is
+- The nearest-codeword search (the argmin over `_distances`) mirrors torch.cdist's matmul path, which is
   what upstream runs (2048 codewords > 25): d = [-2x, |x|^2, 1] . [e, 1, |e|^2], clamp at 0, sqrt,
   argmin over the codebook. It is the only discrete step; each residual level depends on the codeword
   gathered at the previous one, so the acoustic levels are sequential.
@@ -405,18 +405,18 @@ class Transformer(nn.Module):
         return x
 
 
-def _distances(x: torch.Tensor, table: torch.Tensor, table_sq: torch.Tensor) -> torch.Tensor:
-    """Distances [T, K] of each row of x [T, D] to each codeword; table [K, D], table_sq [K]. As
+def augment(table: torch.Tensor) -> torch.Tensor:
+    """[K, D] codewords -> [K, D + 2] rows [e, 1, |e|^2]: the right operand of torch.cdist's matmul
+    path, folded once per codebook (a constant of the graph, not rebuilt in it)."""
+    return torch.cat([table, torch.ones_like(table[:, :1]), table.pow(2).sum(-1, keepdim=True)], dim=-1)
+
+
+def _distances(x: torch.Tensor, aug: torch.Tensor) -> torch.Tensor:
+    """Distances [T, K] of each row of x [T, D] to each codeword (aug = augment(table)), as
     torch.cdist's matmul path computes them (upstream's numerics, ties included)."""
     xs = x.pow(2).sum(-1, keepdim=True)
     a = torch.cat([x * -2, xs, torch.ones_like(xs)], dim=-1)
-    b = torch.cat([table, torch.ones_like(table_sq)[:, None], table_sq[:, None]], dim=-1)
-    return torch.matmul(a[None], b[None].mT)[0].clamp_min(0).sqrt()
-
-
-def _nearest(x: torch.Tensor, table: torch.Tensor, table_sq: torch.Tensor) -> torch.Tensor:
-    """Index of the nearest codeword for each row of x [T, D]."""
-    return _distances(x, table, table_sq).argmin(dim=-1)
+    return torch.matmul(a, aug.mT).clamp_min(0).sqrt()
 
 
 def _margin(d: torch.Tensor) -> torch.Tensor:
@@ -433,16 +433,23 @@ class RVQ(nn.Module):
         d = c.vector_quantization_hidden_dimension
         self.input_proj = nn.Conv1d(c.hidden_size, d, 1, bias=False) if d != c.hidden_size else None
         self.register_buffer("codebooks", torch.zeros(n, c.codebook_size, c.codebook_dim))
-        self.register_buffer("codebooks_sq", torch.zeros(n, c.codebook_size))
+        self.fold()
+
+    def fold(self) -> None:
+        """Per-level constants the forward reads (not saved): each table and its augment(), so the
+        graph gathers no level out of the stacked codebooks."""
+        for i, table in enumerate(self.codebooks):
+            self.register_buffer(f"table{i}", table.clone(), persistent=False)
+            self.register_buffer(f"aug{i}", augment(table), persistent=False)
 
     def forward(self, latent, margins: bool = False):     # [1, H, T] -> codes [T, n] (, margins [T, n])
         x = self.input_proj(latent) if self.input_proj is not None else latent
         residual = x[0].transpose(0, 1)        # [T, D]
         codes, gaps = [], []
         for i in range(self.codebooks.shape[0]):
-            d = _distances(residual, self.codebooks[i], self.codebooks_sq[i])
+            d = _distances(residual, getattr(self, f"aug{i}"))
             idx = d.argmin(dim=-1)
-            residual = residual - self.codebooks[i][idx]
+            residual = residual - getattr(self, f"table{i}")[idx]
             codes.append(idx)
             if margins:
                 gaps.append(_margin(d))
@@ -586,8 +593,9 @@ def build_speech_encoder(c: SpeechEncoderConfig, tensors) -> SpeechEncoder:
             books.append(get(q + "embed_sum") / get(q + "cluster_usage").clamp(min=CODEBOOK_EPS)[:, None])
         books = torch.stack(books)
         state[f"{part}.codebooks"] = books
-        state[f"{part}.codebooks_sq"] = books.pow(2).sum(-1)
     m.load_state_dict(state, strict=True)
+    m.semantic.fold()
+    m.acoustic.fold()
     return m.eval()
 
 
