@@ -65,7 +65,7 @@ def integer_share(bits: dict) -> float | None:
 
 def table(search: dict) -> list[str]:
     """The search as markdown table lines (the report's)."""
-    lines = ["| step | kept in float | gated SNR | verdict | weight bytes at the base width |",
+    lines = ["| step | kept in float | gated SNR | verdict | weight bytes still quantized |",
              "|---|---|---|---|---|"]
     for s in search.get("steps", []):
         db = "—" if s.get("snr_db") is None else f"{s['snr_db']:.1f} dB"

@@ -110,7 +110,8 @@ def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
     from .graphs import RUNNER_FORMATS
 
     fmt = RUNNER_FORMATS[runner][0]
-    return any(b["component"] == graph and b["format"] == fmt and b["precision"] == prec and
+    repaired = prec + "-mixed"          # precision repair's build stands in for a rejected one (placed_build)
+    return any(b["component"] == graph and b["format"] == fmt and b["precision"] in (prec, repaired) and
                b["status"] == "accepted" for b in manifest["builds"])
 
 
