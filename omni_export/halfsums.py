@@ -21,7 +21,9 @@ from torch import nn
 SUM_TERMS = 128
 
 
-def spans(n: int, width: int = SUM_TERMS) -> list[tuple[int, int]]:
+def spans(n: int, width: int | None = None) -> list[tuple[int, int]]:
+    """[(start, end)) slices of range(n), `width` (default SUM_TERMS, read at the call) long."""
+    width = width or SUM_TERMS
     return [(a, min(a + width, n)) for a in range(0, n, width)]
 
 
