@@ -104,7 +104,20 @@ class Build:
                     self._model = load_callable(self.opts.recipe.loader)(self.opts.checkpoint, self.recipe_options,
                                                                          self.opts.out)
                 crash_point("loaded")
+                self._check_assumed(self._model)
             return self._model
+
+    def _check_assumed(self, m) -> None:
+        """The run was planned on the components the cost model recorded for this model key: the loaded
+        model must have exactly those (else the entry is dropped and the run stops, to be run again)."""
+        assumed = getattr(self, "_assumed", None)
+        have = tuple(m.components()) if hasattr(m, "components") else None
+        if assumed is not None and have is not None and tuple(assumed) != have:
+            self.costs.forget_model(self.cache.model_key())
+            self.costs.save()
+            raise UsageError(f"cost model {self.costs.where}: this model's components were recorded as "
+                             f"{', '.join(assumed)} but the checkpoint has {', '.join(have)}; the entry is "
+                             f"dropped, run the build again")
 
     @property
     def loaded_model(self):
@@ -157,11 +170,18 @@ class Build:
         from .memory import MemoryGate, build_budget
 
         opts, started = self.opts, time.time()
-        seeds = repro.seed_everything()
+        # the model's components from the build cache, or from the cost model (a run of the same model
+        # key into another OUT): then the plan and ETA come before torch loads, and the model with the
+        # first trace
         available = self.cache.model_components()
         if available is None:
+            available = self._assumed = self.costs.components_for(self.cache.model_key())
+        seeds = None
+        if available is None:
+            seeds = repro.seed_everything()
             m = self.model()
             available = m.components() if hasattr(m, "components") else None
+        self._available = available
         the_plan = plan(opts, available)
         graph = JobGraph()
         order = list(dict.fromkeys(b.component for b in the_plan.builds))
@@ -187,6 +207,7 @@ class Build:
             # without --max-memory, QNN compiles and quantizations reserving GiBs run alone (memory.runs_alone)
             gate = MemoryGate(build_budget(opts.max_memory), alone=opts.max_memory is None)
             self.eta = self._plan_and_eta(the_plan, graph, executor, gate)
+            seeds = seeds or repro.seed_everything()   # before any job: the model may load in the first trace
             sched = Scheduler(graph, executor, gate, on_start=lambda j: self.progress.job_started(j.label),
                               is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError),
                               on_status=self._status)
@@ -204,6 +225,7 @@ class Build:
                     cj.record["timings"]["memory_gate"] = self.memory_gate
         else:
             self._plan_and_eta(the_plan, graph, None, None)
+            seeds = seeds or repro.seed_everything()
         self.available = available
         manifest = record.finish(self, the_plan, order, graph, seeds, started)
         s = manifest["summary"]
@@ -256,7 +278,8 @@ class Build:
         if any(not (r.info.get("capture") or {"hit": True}).get("hit", True) for r in self.runs.values()):
             records = [{**r, "id": r["id"] + " (capturing)"} if r["kind"] == "trace" else r for r in records]
         late = self.eta.eta.late_records() if self.eta is not None else []
-        self.costs.observe(records, weights, self.cache.checkpoint["digest"], self._sig, late)
+        self.costs.observe(records, weights, self.cache.checkpoint["digest"], self._sig, late,
+                           (self.cache.model_key(), self._available))
         why = self.costs.save()
         if why:
             self.progress.note(f"warning: {why}")

@@ -67,10 +67,16 @@ def test_the_cost_file_is_written_reused_and_merged(cache):
     assert {k: [s for _, s in v["runs"]] for k, v in back.jobs.items()} == {
         "c/trace": [4.0], "c/export": [6.0], "c/fp16": [1.0]}
     assert back.late["sig"][0]["id"] == "end-to-end/fp16" and back.weight_of("ck", "c") == 5 * MB
+    # a model's components, known before it loads (the plan and ETA then come before torch does)
+    back.observe([], {}, "ck", model=("model-key", ["c", "d"]))
+    assert back.save() is None and E.CostModel.load().components_for("model-key") == ("c", "d")
+    again = E.CostModel.load()
+    again.forget_model("model-key")
+    assert again.save() is None and E.CostModel.load().components_for("model-key") is None
 
 
 @pytest.mark.parametrize("make", ["garbage", "json_list", "nan_seconds", "negative", "string_runs", "deep",
-                                  "huge", "fifo", "symlink_out", "dir", "late_kind"])
+                                  "huge", "fifo", "symlink_out", "dir", "late_kind", "component_path"])
 def test_a_hostile_cost_file_is_ignored_with_a_warning_and_rewritten(cache, tmp_path, make):
     cache.mkdir(parents=True)
     p = cache / E.FILE
@@ -88,6 +94,7 @@ def test_a_hostile_cost_file_is_ignored_with_a_warning_and_rewritten(cache, tmp_
                                                                      "runs": "rm -rf /"}}}).encode(),
            "deep": b'{"format": 1, "tool": "omni-export", "jobs": ' + b"[" * 100000 + b"]" * 100000 + b"}",
            "huge": b" " * (E.MAX_BYTES + 1),
+           "component_path": json.dumps({**good, "models": {"k": ["talker", "../etc"]}}).encode(),
            "late_kind": json.dumps({**good, "late": {"s": [{"id": "x", "kind": "trace", "deps": [],
                                                             "where": "worker"}]}}).encode()}
     if make == "fifo":

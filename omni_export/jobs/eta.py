@@ -95,7 +95,9 @@ class CostModel:
         self.jobs: dict[str, dict] = data.get("jobs", {})          # id -> {kind, component, runs: [[bytes|None, s]]}
         self.weights: dict[str, dict] = data.get("weights", {})    # checkpoint digest -> {component: bytes}
         self.late: dict[str, list] = data.get("late", {})          # build signature -> [job records]
+        self.models: dict[str, list] = data.get("models", {})      # build cache's model key -> its components
         self._runs: list[tuple] = []          # this process's observations, replayed onto the file's latest at save
+        self._forget: set[str] = set()        # model keys whose recorded components proved wrong
 
     # ---- the file
     @classmethod
@@ -127,8 +129,11 @@ class CostModel:
         if latest.where == p:
             for args in self._runs:
                 latest.observe(*args)
-            self.jobs, self.weights, self.late = latest.jobs, latest.weights, latest.late
-        data = {"format": FORMAT, "tool": "omni-export", "jobs": self.jobs, "weights": self.weights, "late": self.late}
+            for key in self._forget:
+                latest.models.pop(key, None)
+            self.jobs, self.weights, self.late, self.models = latest.jobs, latest.weights, latest.late, latest.models
+        data = {"format": FORMAT, "tool": "omni-export", "jobs": self.jobs, "weights": self.weights, "late": self.late,
+                "models": self.models}
         tmp = p.with_name(f".{FILE}.tmp-{os.getpid()}")
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -148,10 +153,15 @@ class CostModel:
 
     # ---- fitting
     def observe(self, records: list[dict], components: dict[str, int | None], checkpoint: str,
-                signature: str | None = None, late: list[dict] | None = None) -> None:
+                signature: str | None = None, late: list[dict] | None = None, model: tuple | None = None) -> None:
         """Add a finished run: its job records (manifest `jobs.graph`), each component's weight bytes,
-        the checkpoint identity, and the jobs it added under way (`late`) under its build signature."""
-        self._runs.append((records, components, checkpoint, signature, late))
+        the checkpoint identity, the jobs it added under way (`late`) under its build signature, and
+        `model`: (the build cache's model key, the model's components)."""
+        self._runs.append((records, components, checkpoint, signature, late, model))
+        if model is not None and model[1]:
+            self.models.pop(model[0], None)
+            self.models[model[0]] = [str(c) for c in model[1]]
+            _trim(self.models)
         for r in records:
             s, jid = r.get("seconds"), r.get("id")
             if r.get("state") != "done" or not _num(s) or not isinstance(jid, str):
@@ -195,6 +205,15 @@ class CostModel:
         if not (min(sizes) / SIZE_RATIO <= g <= max(sizes) * SIZE_RATIO):
             return None
         return line[0] + line[1] * g
+
+    def forget_model(self, model_key: str) -> None:
+        self.models.pop(model_key, None)
+        self._forget.add(model_key)
+
+    def components_for(self, model_key: str) -> tuple[str, ...] | None:
+        """The components a model of this key had (as the build cache's model_components), or None."""
+        c = self.models.get(model_key)
+        return tuple(c) if c else None
 
     def weight_of(self, checkpoint: str, component: str | None) -> int | None:
         return (self.weights.get(checkpoint) or {}).get(component) if component else None
@@ -261,10 +280,15 @@ def _validated(d) -> dict:
                 raise ValueError("late job malformed")
             good.append({**r, "alone": bool(r.get("alone"))})
         late[str(k)] = good
-    for part in (jobs, weights, late):
+    models = {}
+    for k, comps in (d.get("models") or {}).items():
+        if not (isinstance(comps, list) and all(isinstance(c, str) and c.isidentifier() for c in comps)):
+            raise ValueError("models malformed")
+        models[str(k)] = comps
+    for part in (jobs, weights, late, models):
         if len(part) > MAX_JOBS:
             raise ValueError("too many entries")
-    return {"jobs": jobs, "weights": weights, "late": late}
+    return {"jobs": jobs, "weights": weights, "late": late, "models": models}
 
 
 def signature(checkpoint: str, recipe: str, target: str, builds, options: dict) -> str:
@@ -292,9 +316,9 @@ class Eta:
         weight = self._weight(job.component)
         key = (job.id, weight)
         if key not in self._memo:
-            s = self.costs.estimate(job.id, job.kind, job.component, weight)
-            self._memo[key] = (s, True) if s is not None else (job.estimate, False)
-        return self._memo[key]
+            self._memo[key] = self.costs.estimate(job.id, job.kind, job.component, weight)
+        s = self._memo[key]
+        return (s, True) if s is not None else (job.estimate, False)     # a default may change after the trace
 
     def _weight(self, component: str | None) -> int | None:
         w = self.weight_of(component) if component else None
