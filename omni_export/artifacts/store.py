@@ -413,6 +413,11 @@ class Store:
     def write_json(self, name: str, obj) -> Path:
         return self.write_text(name, json.dumps(obj, indent=2) + "\n")
 
+    def claim(self) -> None:
+        """Before OUT changes in a way the store does not journal (the bundle directory, which the
+        new manifest lists): the previous documents no longer describe OUT."""
+        self._claim()
+
     def write_text(self, name: str, text: str) -> Path:
         if name == MANIFEST:
             raise ValueError("manifest.json is written by finish(), after every file it lists")

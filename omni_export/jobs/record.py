@@ -173,6 +173,7 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["seeds"] = {**seeds, **model_seeds}
     m["reproducibility"] = repro.declared(m)
     m["cache"] = build.cache.summary(build.available or sorted(components), runners, e2e_reused)
+    build.store.claim()                 # the old manifest lists the old bundle's files
     m["bundle"] = bundle(build.store.root, m, build.progress)
     m["timings"]["total_s"] = round(time.time() - started, 3)
     if getattr(build, "eta", None) is not None:
