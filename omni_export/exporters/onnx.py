@@ -583,6 +583,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     finally:
         if cache is not None:
             cache.unlink(missing_ok=True)
+    if keep_float:
+        float_tables_as_16bit(dst)
     if precision == Precision.W4A16 and int4_weights == "block":
         int4_blocks(Path(src), dst)
     if weight_rounding == "gptq":
@@ -718,6 +720,61 @@ def block_nodes(src: Path) -> dict[int, list[str]]:
         if top.startswith("blocks.") and top[7:].isdigit() and n.name:
             out.setdefault(int(top[7:]), []).append(n.name)
     return out
+
+
+MIN_COLUMN_LEVELS = 4096
+
+
+def float_tables_as_16bit(qdq: Path) -> int:
+    """Gather tables a float island left in float (ONNX Runtime's quantizer does not quantize a Gather
+    whose consumers it does not quantize) stored as uint16 behind a DequantizeLinear, as the plain
+    build stores them: a lookup reads its rows to ~1e-5 of the table's range, and the tables (a Code2Wav
+    RVQ's codebooks) are most of such a block's bytes. Inline models only (a model with external data
+    keeps its tables). Returns the tables converted."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if data_file(qdq).exists():
+        return 0
+    model = onnx.load(str(qdq))
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+    nodes, done = [], {}
+    for n in g.node:
+        t = inits.get(n.input[0]) if n.op_type == "Gather" and n.input else None
+        if t is not None and t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 2 and readers[t.name] == 1:
+            # one scale for the table (the HTP takes no per-column DequantizeLinear in front of a Gather),
+            # and only where every column keeps >= MIN_COLUMN_LEVELS of the 65536 levels: a float island
+            # is where an outlier channel lives, and a column 400x smaller than the others (the outlier
+            # checkpoint's RVQ) lost 7 dB of the graph at 16 bits; such a table stays in float
+            w = numpy_helper.to_array(t).astype(np.float64)
+            flat = w.reshape(-1, w.shape[-1])
+            span = np.maximum(flat.max(0), 0.0) - np.minimum(flat.min(0), 0.0)
+            lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
+            if hi <= lo or span.min() * 65535.0 / (hi - lo) < MIN_COLUMN_LEVELS:
+                nodes.append(n)
+                continue
+            scale = (hi - lo) / 65535.0
+            zero = int(round(-lo / scale))
+            q = np.clip(np.round(w / scale) + zero, 0, 65535).astype(np.uint16)
+            g.initializer.remove(t)
+            g.initializer.extend([numpy_helper.from_array(q, t.name + "_u16"),
+                                  numpy_helper.from_array(np.float32(scale), t.name + "_u16_scale"),
+                                  numpy_helper.from_array(np.uint16(zero), t.name + "_u16_zero_point")])
+            nodes.append(helper.make_node("DequantizeLinear", [t.name + "_u16", t.name + "_u16_scale",
+                                                              t.name + "_u16_zero_point"], [t.name],
+                                          name=t.name + "_u16_dq"))
+            done[t.name] = True
+        nodes.append(n)
+    if done:
+        del g.node[:]
+        g.node.extend(nodes)
+        _save(model, qdq)
+    return len(done)
 
 
 def float_island(src: Path, nodes: Sequence[str]) -> list[str]:
