@@ -492,7 +492,8 @@ class EtaReport:
         rem = self.eta.remaining(now)
         self._said_at, self._said_end = now, now + rem
         if not parts:
-            return f"... {done}/{len(jobs)} jobs done; starting the next"
+            what = "starting the next" if done else "loading the libraries before the first job starts"
+            return f"... {done}/{len(jobs)} jobs done, ETA {clock(rem)}; {what}"
         return (f"... {done}/{len(jobs)} jobs done, ETA {clock(rem)}; running: " + "; ".join(parts)
                 + (f"; +{len(running) - 3} more" if len(running) > 3 else ""))
 
