@@ -233,6 +233,22 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     runner drives (context binaries on the HTP simulator), so it runs while the other builds are still
     lowered; with a graph past HEAVY_BYTES one job runs every precision's row on ORT CPU (the recipe's
     fp32 reference pipeline once) in a process of its own."""
+    from omni_export.jobs.component import HEAVY_BYTES as HEAVY
+
+    rows, scores = _e2e_rows(tmp_path, weight_bytes, "off")
+    _assert_rows(rows, scores, weight_bytes)
+    # precision repair on: a quantized row also waits for its precision's other builds (the last of a
+    # component's jobs decides its repair, whose jobs then hold the row); fp16 is never repaired
+    rows, scores = _e2e_rows(tmp_path, weight_bytes, "auto")
+    if weight_bytes < HEAVY:
+        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/w8a16")}
+    else:
+        [job] = rows.values()
+        assert set(job.deps) == {s for s in scores if "/onnx/" in s or s.endswith("/w8a16")}
+
+
+def _e2e_rows(tmp_path, weight_bytes, repair):
     from omni_export.core import Format, Precision
     from omni_export.jobs.component import HEAVY_BYTES as HEAVY, ComponentJobs
     from omni_export.jobs.e2e import EndToEndJobs
@@ -243,7 +259,7 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
 
     opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path,
                       components=("text_projection", "code2wav"), precisions=(Precision.FP16, Precision.W8A16),
-                      formats=(Format.ONNX, Format.CTX, Format.PTE))
+                      formats=(Format.ONNX, Format.CTX, Format.PTE), repair=repair)
     the_plan = plan(opts)
 
     class Run:
@@ -267,6 +283,12 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     rows = {j.id: j for j in g.jobs.values() if j.kind == "e2e"}
     scores = {j.id for j in g.jobs.values() if j.kind.startswith("score")}
     assert e2e.runners == ({"htp": ("fp16", "w8a16")} if weight_bytes < HEAVY else {"ort": ("fp16", "w8a16")})
+    return rows, scores
+
+
+def _assert_rows(rows, scores, weight_bytes):
+    from omni_export.jobs.component import HEAVY_BYTES as HEAVY
+
     if weight_bytes < HEAVY:
         assert set(rows) == {"end-to-end/fp16", "end-to-end/w8a16"}
         assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}

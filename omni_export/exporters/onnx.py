@@ -700,25 +700,27 @@ def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
     return len(todo)
 
 
-def block_nodes(src: Path) -> dict[int, list[str]]:
-    """{block index: node names} of an exported BlockChain (blocks.py): torch's exporter records each
-    node's module scopes (`pkg.torch.onnx.name_scopes`, ['', 'blocks.3', ...]). Nodes outside every
-    block (the chain's own glue) are left out."""
+def block_nodes(src: Path) -> dict[str, list[str]]:
+    """{block: node names} of an exported graph, by the module each node came from: torch's exporter
+    records each node's module scopes (`pkg.torch.onnx.name_scopes`, ['', 'blocks.3', ...]), and the
+    first below the root names its block -- a BlockChain's `blocks.<i>` (blocks.py), a transformer's
+    `layers.<i>`, `norm`, `lm_head`, ... -- in the order the graph first reaches it. Nodes of the root
+    module itself (glue between blocks) are left out."""
     import ast
 
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
-    out: dict[int, list[str]] = {}
+    out: dict[str, list[str]] = {}
     for n in model.graph.node:
         meta = {p.key: p.value for p in n.metadata_props}
         try:
             scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
         except (ValueError, SyntaxError):
             continue
-        top = scopes[1] if len(scopes) > 1 and isinstance(scopes[1], str) else ""
-        if top.startswith("blocks.") and top[7:].isdigit() and n.name:
-            out.setdefault(int(top[7:]), []).append(n.name)
+        top = scopes[1] if len(scopes) > 2 and isinstance(scopes[1], str) else ""
+        if top and n.name:
+            out.setdefault(top, []).append(n.name)
     return out
 
 

@@ -53,6 +53,8 @@ class Route:
         if self.quantize:
             w, a = self.quantize
             return f"AI Hub quantize job ({w} weights, {a} activations) on the captured calibration set"
+        if Precision(self.precision).mixed:
+            return LOCAL_QDQ + "; precision repair's blocks kept in float in the same graph"
         return LOCAL_QDQ
 
     def compile_options(self, qairt: str) -> str:
@@ -96,7 +98,9 @@ def plan(manifest: dict, target: Target, quantize_on: str = "local", components:
             continue
         place = _place(manifest, target, b)
         prec = Precision(b["precision"])
-        hub_quantizes = quantize_on == "hub" and prec.quantized
+        # a repaired build's mixed assignment lives in its QDQ graph (float islands): always uploaded
+        # as built, never re-quantized by AI Hub
+        hub_quantizes = quantize_on == "hub" and prec.quantized and not prec.mixed
         upload = "fp32" if hub_quantizes else source_key(prec)
         sources = manifest["components"][b["component"]]["sources"]
         if upload not in sources or "path" not in sources[upload]:

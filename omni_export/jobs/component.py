@@ -448,7 +448,7 @@ class ComponentJobs:
         from . import repair as rp
 
         opts = self.run.opts
-        if opts.repair == "off" or not self.info.get("block_chain"):
+        if opts.repair == "off":
             return False
         entries = [e for e in self.entries if e is not None]
         started = False
@@ -460,6 +460,11 @@ class ComponentJobs:
             if primary is None or not rp.wants_repair(entries, p, primary):
                 continue
             heavy = self.info.get("weight_bytes", 0) >= HEAVY_BYTES
+            if heavy and not self.info.get("block_chain"):
+                self.repair[p.value] = {"steps": [], "result": None, "order": [], "budget": opts.repair_steps,
+                                        "stopped": "a graph past 256 MB of weights is ranked by its per-block "
+                                                   "attribution, which needs a BlockChain; this graph is not one"}
+                continue
             if heavy:       # real-size graphs: the block-alone attribution ranks (one quantization per block
                 rows = self.attribution.get(p.value)    # of a 0.6B graph is minutes)
                 ranked_by = "attribution"
@@ -468,7 +473,7 @@ class ComponentJobs:
                         self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p))
                         started = True
                     continue
-                rows = [{**r, "index": i} for i, r in enumerate(rows)]
+                rows = [{**r, "index": f"blocks.{i}"} for i, r in enumerate(rows)]
             else:
                 rows = self.sensitivity.get(p.value)
                 ranked_by = "sensitivity"
@@ -499,10 +504,11 @@ class ComponentJobs:
         def done(job: Job) -> None:
             rows = []
             if job.error is not None:
-                rows = [{"block": "*", "index": -1, "snr_db": None, "error": short(job.error)}]
+                rows = [{"block": "*", "index": "", "snr_db": None, "error": short(job.error)}]
             for r in job.result or []:
-                i = r["block"]
-                rows.append({**r, "block": names[i] if i < len(names) else str(i), "index": i})
+                key = r["block"]              # a BlockChain's blocks.<i> is shown by its block's name
+                i = int(key[7:]) if key.startswith("blocks.") and key[7:].isdigit() else None
+                rows.append({**r, "block": names[i] if i is not None and i < len(names) else key, "index": key})
             self.sensitivity[p.value] = rows
             self._line(job, "failed: " + rows[0]["error"] if job.error is not None else "", failed=job.error is not None)
             self._close(job)
@@ -575,6 +581,7 @@ class ComponentJobs:
         if verdict.accepted:
             search["result"] = {"precision": p.repaired().value, "step": k, "kept_float": names,
                                 "integer_share": share, "snr_db": row["snr_db"]}
+            self.states[job.id] = result        # its QDQ graph: the source kept for AI Hub (_keep_for_hub)
             self._add_mixed_builds(p, job.id)
         elif k < min(search["budget"], len(search["_order"])):
             self._add_repair_step(p)

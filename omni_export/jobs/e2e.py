@@ -74,7 +74,7 @@ class EndToEndJobs:
             deps = tuple(j.id for j in self.graph.jobs.values() if (
                 j.kind.startswith("score") and (
                     (j.id.split("/")[-2] in fmts and j.id.split("/")[-1] in group)
-                    or (repairs and j.id.split("/")[-1] in group)
+                    or (repairs and j.id.split("/")[-1] in group and Precision(j.id.split("/")[-1]).quantized)
                     or (j.id.split("/")[-2] in fp32 and j.id.split("/")[-1] == "fp32")))
                 or (repairs and j.kind == "attribute" and j.id.split("/")[-1] in group))
             runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}

@@ -145,21 +145,7 @@ class JobGraph:
 
     def remaining_path(self) -> dict[str, float]:
         """Per job: its estimate plus the longest chain of estimates below it (critical-path priority)."""
-        memo: dict[str, float] = {}
-        for jid in self.jobs:              # depth first: a late job may hold an earlier one (hold)
-            stack = [jid]
-            while stack:
-                j = stack[-1]
-                if j in memo:
-                    stack.pop()
-                    continue
-                todo = [c for c in self._children[j] if c not in memo]
-                if todo:
-                    stack.extend(todo)
-                    continue
-                stack.pop()
-                memo[j] = self.jobs[j].estimate + max((memo[c] for c in self._children[j]), default=0.0)
-        return memo
+        return longest_below(self._children, {j: x.estimate for j, x in self.jobs.items()})
 
     def critical_path(self) -> tuple[float, list[str]]:
         """(seconds, job ids) of the longest chain by recorded (else estimated) durations."""
@@ -182,6 +168,26 @@ class _Event:
     job: str = field(compare=False)
 
 
+def longest_below(children: dict[str, list[str]], seconds: dict[str, float]) -> dict[str, float]:
+    """Per job: its seconds plus the longest chain of seconds below it. Depth first, not by planning
+    order: a job planned late may hold one planned before it (JobGraph.hold)."""
+    memo: dict[str, float] = {}
+    for jid in children:
+        stack = [jid]
+        while stack:
+            j = stack[-1]
+            if j in memo:
+                stack.pop()
+                continue
+            todo = [c for c in children[j] if c not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[j] = seconds[j] + max((memo[c] for c in children[j]), default=0.0)
+    return memo
+
+
 def project_wall(records: list[dict], workers: int, budget: int | None = None, first=frozenset()) -> float:
     """The wall time of a recorded job graph at `workers` worker slots (a projection): list scheduling
     over the recorded DAG and durations, longest remaining chain first, driver jobs one at a time in
@@ -194,26 +200,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
         for d in r["deps"]:
             if d in children:
                 children[d].append(r["id"])
-    rem: dict[str, float] = {}
-
-    def remaining(jid: str) -> float:      # not by planning order: a late job may hold an earlier one (hold)
-        if jid not in rem:
-            stack = [jid]
-            while stack:
-                j = stack[-1]
-                if j in rem:
-                    stack.pop()
-                    continue
-                todo = [c for c in children[j] if c not in rem]
-                if todo:
-                    stack.extend(todo)
-                    continue
-                stack.pop()
-                rem[j] = jobs[j]["seconds"] + max((rem[c] for c in children[j]), default=0.0)
-        return rem[jid]
-
-    for jid in jobs:
-        remaining(jid)
+    rem = longest_below(children, {j: r["seconds"] for j, r in jobs.items()})
     waiting = {j: sum(d in jobs for d in jobs[j]["deps"]) for j in jobs}
     ready = [j for j, n in waiting.items() if n == 0]
     running: list[_Event] = []

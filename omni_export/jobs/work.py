@@ -192,10 +192,10 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
     return rows
 
 
-def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[int], tag: str, runner: str,
+def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[str], tag: str, runner: str,
                 indices: list[int] | None) -> dict:
     """One step of precision repair (jobs/repair.py): the graph quantized at `precision`'s base with the
-    nodes of `blocks` (BlockChain indices) kept in float, run on `runner` ("qnn-htp": the HTP
+    nodes of `blocks` (exporters.onnx.block_nodes keys) kept in float, run on `runner` ("qnn-htp": the HTP
     simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`). Returns the
     intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
     outputs, the share of weight bytes per width and the nodes kept."""
@@ -217,11 +217,12 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
 
 
 def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, gated: tuple = ()) -> list[dict]:
-    """Per block of a BlockChain: the whole graph with only that block quantized at `precision` (every
-    other node in float), run on ORT CPU over the last `limit` held-out samples and scored against
-    fp32 -- what quantizing that block costs the graph's outputs, downstream amplification included
-    (an outlier channel a block's rounding loses and a later block amplifies shows here, not in the
-    block-alone attribution). Rows {block, snr_db} in chain order (jobs/repair.py ranks them)."""
+    """Per block (exporters.onnx.block_nodes: a BlockChain's blocks, a transformer's layers, its norm and
+    heads, ...): the whole graph with only that block quantized at `precision` (every other node in
+    float), run on ORT CPU over the last `limit` held-out samples and scored against fp32 -- what
+    quantizing that block costs the graph's outputs, downstream amplification included (an outlier
+    channel a block's rounding loses and a later block amplifies shows here, not in the block-alone
+    attribution). Rows {block, snr_db} in graph order (jobs/repair.py ranks them)."""
     from ..core import Precision
     from ..exporters.onnx import block_nodes
     from ..parity.metrics import score_outputs
@@ -237,7 +238,7 @@ def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, g
     refs = list(_mapped(ref, "reference", traced.output_names))[-limit:]
     specs = json.loads(ref.specs)
     rows = []
-    for i in sorted(nodes):
+    for i in nodes:
         row = {"block": i}
         try:
             mine = set(nodes[i])
