@@ -117,7 +117,7 @@ def write(out: Path, m: dict, into: Path | None = None, picks: dict | None = Non
     extra = load_callable(recipe.bundle)(m, out) if recipe.bundle else Bundle(
         note=f"{recipe.name} bundles hold its graphs and their evidence; its host loop's data (tokenizer, "
              f"KV layout, sampling) is not bundled yet")
-    inside = _within(into, out)
+    inside = within(into, out)
     _check_into(into)
     into.parent.mkdir(parents=True, exist_ok=True)
     for stale in into.parent.glob(f".{into.name}.*-*"):     # a killed run's scratch (its pid is in the name)
@@ -260,7 +260,7 @@ def _put(src: Path, dest: Path, link: bool) -> None:
     shutil.copyfile(src, dest)
 
 
-def _within(path: Path, root: Path) -> bool:
+def within(path: Path, root: Path) -> bool:
     p, r = Path(os.path.abspath(path)), Path(os.path.abspath(root))
     return p == r or r in p.parents
 

@@ -41,14 +41,20 @@ def bundle(out_dir: Path, into: Path | None, pick: tuple, as_json: bool, debug: 
     Exit 0 written; 2 bad input (one line)."""
     from ..artifacts import bundle as bd
     from ..artifacts.manifest import read_manifest
+    from ..artifacts.store import MARKER
     from ..core import UsageError
 
     try:
         if not (out_dir / "manifest.json").exists():
             raise UsageError(f"{out_dir}: no manifest.json (not an omni-export build directory)")
+        if (out_dir / MARKER).exists():
+            raise UsageError(f"{out_dir} holds an unfinished run ({MARKER}); rerun the build")
         m = read_manifest(out_dir)
         picks = bd.parse_picks(pick)
         default = out_dir / "bundle"
+        if into is not None and bd.within(into, out_dir) and Path(into).resolve() != default.resolve():
+            raise UsageError(f"--into {into} lies inside {out_dir}, whose manifest lists only its bundle/ (verify "
+                             f"would report the files as unlisted); omit --into, or pass a directory outside it")
         rec = bd.write(out_dir, m, into or default, picks)
         if into is None or Path(into).resolve() == default.resolve():
             _record(out_dir, m, rec)
