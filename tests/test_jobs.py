@@ -237,15 +237,15 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
 
     rows, scores = _e2e_rows(tmp_path, weight_bytes, "off")
     _assert_rows(rows, scores, weight_bytes)
-    # precision repair on: a quantized row also waits for its precision's other builds (the last of a
-    # component's jobs decides its repair, whose jobs then hold the row); fp16 is never repaired
+    # precision repair on: a quantized row waits for every build (the last of a component's jobs decides
+    # its repair, whose jobs then hold the row); fp16 is never repaired
     rows, scores = _e2e_rows(tmp_path, weight_bytes, "auto")
     if weight_bytes < HEAVY:
         assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
-        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/w8a16")}
+        assert set(rows["end-to-end/w8a16"].deps) == scores
     else:
         [job] = rows.values()
-        assert set(job.deps) == {s for s in scores if "/onnx/" in s or s.endswith("/w8a16")}
+        assert set(job.deps) == scores
 
 
 def _e2e_rows(tmp_path, weight_bytes, repair):

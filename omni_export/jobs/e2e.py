@@ -68,15 +68,16 @@ class EndToEndJobs:
         fmts = {record.RUNNER_FORMAT[k] for k in self.runners}
         fp32 = {"pte" if k == "pte" else "onnx" for k in self.runners}
         for group in groups:
-            # with precision repair on, every build and attribution of the row's precisions: the last of
-            # a component's jobs decides its repair, whose jobs then hold this row (ComponentJobs._hold_e2e)
-            repairs = opts.repair != "off"
+            # with precision repair on, a quantized row waits for every build and attribution of every
+            # component: the last of a component's jobs decides its repair, whose jobs then hold this row
+            # (ComponentJobs._hold_e2e) -- a row that started before would run without the repaired builds
+            repairs = opts.repair != "off" and any(Precision(p).quantized for p in group)
             deps = tuple(j.id for j in self.graph.jobs.values() if (
                 j.kind.startswith("score") and (
-                    (j.id.split("/")[-2] in fmts and j.id.split("/")[-1] in group)
-                    or (repairs and j.id.split("/")[-1] in group and Precision(j.id.split("/")[-1]).quantized)
+                    repairs
+                    or (j.id.split("/")[-2] in fmts and j.id.split("/")[-1] in group)
                     or (j.id.split("/")[-2] in fp32 and j.id.split("/")[-1] == "fp32")))
-                or (repairs and j.kind == "attribute" and j.id.split("/")[-1] in group))
+                or (repairs and j.kind == "attribute"))
             runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}
             runners = {k: v for k, v in runners.items() if v}
             name = "end-to-end/" + "+".join(group)
