@@ -100,6 +100,8 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                           for req, (codes, _) in zip(model.requests("heldout"), reference)]
             finally:
                 built.close()
+        if built.repaired:
+            row["repaired"] = dict(sorted(built.repaired.items()))
         if runner == "ort":
             row["ort_sessions"] = "lean (basic graph optimizations, no memory arena)"
         rows.append({**row, **_score(reference, margins, free, forced)})

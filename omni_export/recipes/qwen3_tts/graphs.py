@@ -74,6 +74,7 @@ class BuildGraphs:
         precs = [precision] if precision else sorted({b["precision"] for b in m["builds"] if b["format"] == fmt},
                                                      key=PRECISION_ORDER.index)
         self.specs, self.precision, self.placed = {}, {}, {}
+        self.repaired: dict[str, str] = {}     # graph -> the repaired precision it runs at (jobs/repair.py)
         self._bytes: dict[str, int] = {}
         self.max_open_bytes = max_open_bytes
         self.lean = lean
@@ -89,7 +90,9 @@ class BuildGraphs:
                                                   _runner_options(m, kind)(used))
                     self.precision[comp] = used
                     self._bytes[comp] = sum(int(f.get("bytes", 0)) for f in b["files"])
-                    if used != prec or kind != RUNNER_FORMATS[runner][1]:
+                    if used == prec + "-mixed":      # precision repair's build (the plain one was rejected)
+                        self.repaired[comp] = used
+                    elif used != prec or kind != RUNNER_FORMATS[runner][1]:
                         self.placed[comp] = f"fp32 {b['format']} on {kind} ({info['fp32_on_cpu']})"
                     break
         self._runners = {}
@@ -106,6 +109,7 @@ class BuildGraphs:
         self = cls.__new__(cls)
         self._m, self.runner, self._asked = None, "bundle", None
         self.specs, self.precision, self.placed, self._bytes, self._unrunnable = {}, {}, {}, {}, {}
+        self.repaired = {}
         self.max_open_bytes, self.lean, self.reopened = None, False, 0
         self._runners, self._opened = {}, set()
         for comp, g in rt["graphs"].items():
