@@ -451,7 +451,7 @@ def test_each_score_line_says_the_builds_verdict(demo_run):
     accepted build, the reason of a rejected one, marked ✗) and the scoring job's own seconds, not the
     wait for it; the same figures as the manifest."""
     proc, out = demo_run
-    lines = [ln for ln in proc.stderr.splitlines() if ": score " in ln]
+    lines = [ln for ln in proc.stderr.splitlines() if ": score " in ln and ln.startswith(("✓", "✗"))]
     builds = read_manifest(out)["builds"]
     assert len(lines) == len(builds) and any(b["status"] == "rejected" for b in builds)
     for b in builds:
@@ -621,8 +621,10 @@ def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_check
         @contextlib.contextmanager
         def stage(self, text):
             work = out / ".staging" / "work"
+            from omni_export.progress import StageNote
+
             lines.append((text, sorted(p.name for p in work.iterdir()) if work.exists() else []))
-            yield
+            yield StageNote()              # a stage's closing note (the bundle step writes one)
 
     result = run(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), out, checkpoint=tiny_checkpoint,
                             components=("text_projection", "code2wav"), formats=(Format.ONNX,),

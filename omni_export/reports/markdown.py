@@ -66,7 +66,8 @@ def summary(m: dict, regated: dict | None = None) -> str:
 
 
 def _bundle(m: dict) -> list[str]:
-    """OUT/bundle/ (artifacts/bundle.py): its size and files, or why there is none."""
+    """OUT/bundle/ (artifacts/bundle.py): its size and graphs in one line, or why there is none (the
+    summary fits one screen: its files are listed in report.html)."""
     b = m.get("bundle")
     if not isinstance(b, dict):
         return []
@@ -76,8 +77,7 @@ def _bundle(m: dict) -> list[str]:
     graphs = ", ".join(f"{md(c)} {md(g)}" for c, g in (b.get("graphs") or {}).items())
     lines = ["", f"**Bundle** {md(b.get('path'), code=True)}: {human_bytes(b.get('bytes') or 0)} in {len(files)} files, "
                  f"one accepted graph per component ({graphs}), `runtime.json` and a README (docs/bundle.md)."
-             + (f" {md(b['note'])}." if b.get("note") else ""), ""]
-    lines += [f"- {md(f.get('path'), code=True)} ({human_bytes(f.get('bytes') or 0)})" for f in files]
+             + (f" {md(b['note'])}." if b.get("note") else "")]
     return lines
 
 
