@@ -87,6 +87,25 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return shared_once(tmp_path_factory, "ckpt-tiny", lambda p: ck.write_checkpoint(p, seed=0))
 
 
+def upstream_base_checkpoint(root: Path, meta: dict, config_json: Path) -> Path:
+    """The upstream-written tiny Base checkpoint of a golden's `meta`: our seeded tensors (upstream's
+    save_pretrained wrote the same bytes: meta['tensors_equal_ours']), its EOS row biased as the
+    golden's, and the config.json upstream wrote (`config_json`)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from omni_export.recipes.qwen3_tts import checkpoint as ck
+    from omni_export.weights import write_safetensors
+
+    assert meta["tensors_equal_ours"]
+    d = ck.write_checkpoint(root / "base", seed=meta["seed"], size=meta["size"], kind=meta["kind"])
+    st = load_file(d / "model.safetensors")
+    st["talker.codec_head.weight"][2150] = st["talker.codec_head.weight"][meta["eos_row"]] * np.float32(1.3)
+    write_safetensors(d / "model.safetensors", st)
+    (d / "config.json").write_text(config_json.read_text())
+    return d
+
+
 _server = None
 
 

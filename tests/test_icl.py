@@ -16,15 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GOLDEN, run_cli
+from conftest import GOLDEN, run_cli, upstream_base_checkpoint
 from omni_export.core import UsageError
 from omni_export.recipes import get_recipe
-from omni_export.recipes.qwen3_tts import checkpoint as ck
 from omni_export.recipes.qwen3_tts import model as M
 from omni_export.recipes.qwen3_tts import speech_encoder as SE
 from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
 from omni_export.recipes.qwen3_tts.prompt import Request
-from omni_export.weights import write_safetensors
 
 META = json.loads((GOLDEN / "qwen3_tts" / "icl.json").read_text())
 CASES = {c["key"]: c for c in META["cases"]}
@@ -43,16 +41,8 @@ def golden():
 def base(tmp_path_factory):
     """The upstream-written tiny Base checkpoint (our seeded tensors, upstream's save_pretrained wrote the
     same bytes; its EOS row biased as the golden's; the config.json upstream wrote)."""
-    from safetensors.numpy import load_file
-
-    c = META["checkpoint"]
-    assert c["tensors_equal_ours"]
     tmp = tmp_path_factory.mktemp("icl")
-    d = ck.write_checkpoint(tmp / "base", seed=c["seed"], size=c["size"], kind=c["kind"])
-    st = load_file(d / "model.safetensors")
-    st["talker.codec_head.weight"][2150] = st["talker.codec_head.weight"][c["eos_row"]] * np.float32(1.3)
-    write_safetensors(d / "model.safetensors", st)
-    (d / "config.json").write_text((GOLDEN / "qwen3_tts" / META["config_json"]).read_text())
+    d = upstream_base_checkpoint(tmp, META["checkpoint"], GOLDEN / "qwen3_tts" / META["config_json"])
     return d, M.load(d, OPTIONS, tmp)
 
 
