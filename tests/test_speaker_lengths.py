@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import upstream_base_checkpoint, GOLDEN, run_cli
+from conftest import GOLDEN, run_cli, upstream_base_checkpoint
 from omni_export.core import UsageError
 from omni_export.recipes import get_recipe
 from omni_export.recipes.qwen3_tts import model as M

@@ -574,8 +574,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     cfg.extra_options["TensorQuantOverrides"] = overrides
     if keep_float:
         keep = set(keep_float)
-        cfg.nodes_to_exclude = list(cfg.nodes_to_exclude or []) + sorted(
-            {n for n in keep} | {f"{n}.conv" for n in keep})
+        cfg.nodes_to_exclude = list(cfg.nodes_to_exclude or []) + sorted(keep | {f"{n}.conv" for n in keep})
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         with linear_quantizer():
