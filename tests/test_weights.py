@@ -136,7 +136,6 @@ def test_lazy_weights_are_file_pages_not_anonymous_memory(tmp_path, monkeypatch)
     from safetensors.torch import save_file
 
     from omni_export import weights as W
-    from omni_export.memory import own_rss_anon
 
     monkeypatch.setenv("OMNI_EXPORT_WEIGHT_SPILL", str(tmp_path / "spill"))
     monkeypatch.setattr(W, "SPILL", W.Fp32Spill())
@@ -163,8 +162,8 @@ def test_lazy_weights_are_file_pages_not_anonymous_memory(tmp_path, monkeypatch)
     assert (tmp_path / "m.safetensors").read_bytes() == before
     assert not any((tmp_path / "spill").iterdir())    # the spill file is unlinked: a killed build leaves nothing
     monkeypatch.setenv("OMNI_EXPORT_WEIGHT_SPILL", "off")
-    r1 = own_rss_anon()
     again = W.LazyTensors(tmp_path / "m.safetensors", ["a"])["a"]
     assert torch.equal(again, bf.float())
-    if r1:
-        assert own_rss_anon() - r1 >= 24 << 20        # off: converted into anonymous memory as before
+    # off: converted into anonymous memory as before (a mapping of no file; an RssAnon delta is
+    # not a fair measure here: the allocator may hand back pages freed a moment ago)
+    assert _mapped_file(again) == ""
