@@ -85,9 +85,19 @@ def what_if(manifest: dict, budget_bytes: int | None = None) -> dict | None:
     if not timed:
         return None
     ids = {r["id"] for r in timed}
-    g = JobGraph()
-    for r in timed:
-        g.add(Job(r["id"], r["kind"], tuple(d for d in r["deps"] if d in ids), seconds=r["seconds"]))
+    g, added, pending = JobGraph(), set(), list(timed)
+    while pending:                        # jobs added under way (repair steps) are recorded after the
+        later = []                        # rows they hold: add each once its dependencies are in
+        for r in pending:
+            deps = tuple(d for d in r["deps"] if d in ids)
+            if all(d in added for d in deps):
+                g.add(Job(r["id"], r["kind"], deps, seconds=r["seconds"]))
+                added.add(r["id"])
+            else:
+                later.append(r)
+        if len(later) == len(pending):
+            raise ValueError(f"the recorded job graph has a cycle through {later[0]['id']}")
+        pending = later
     crit, path = g.critical_path()
     by_kind: dict = {}
     for r in timed:

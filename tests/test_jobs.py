@@ -235,17 +235,27 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     fp32 reference pipeline once) in a process of its own."""
     from omni_export.jobs.component import HEAVY_BYTES as HEAVY
 
-    rows, scores = _e2e_rows(tmp_path, weight_bytes, "off")
+    rows, scores, _ = _e2e_rows(tmp_path, weight_bytes, "off")
     _assert_rows(rows, scores, weight_bytes)
     # precision repair on: a quantized row waits for every build (the last of a component's jobs decides
     # its repair, whose jobs then hold the row); fp16 is never repaired
-    rows, scores = _e2e_rows(tmp_path, weight_bytes, "auto")
+    rows, scores, cj = _e2e_rows(tmp_path, weight_bytes, "auto")
     if weight_bytes < HEAVY:
         assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
         assert set(rows["end-to-end/w8a16"].deps) == scores
     else:
         [job] = rows.values()
         assert set(job.deps) == scores
+    # repair's jobs, added under way, hold the rows of their precision; an fp16 attribution holds none
+    for jid in ("code2wav/attribute/fp16", "code2wav/attribute/w8a16", "code2wav/repair/w8a16/1",
+                "code2wav/lower/ctx/w8a16-mixed"):
+        cj._add(Job(jid, "repair", ("code2wav/export",)))
+    held = {"code2wav/attribute/w8a16", "code2wav/repair/w8a16/1", "code2wav/lower/ctx/w8a16-mixed"}
+    if weight_bytes < HEAVY:
+        assert held <= set(rows["end-to-end/w8a16"].deps)
+        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+    else:
+        assert held <= set(job.deps) and "code2wav/attribute/fp16" not in job.deps
 
 
 def _e2e_rows(tmp_path, weight_bytes, repair):
@@ -283,7 +293,7 @@ def _e2e_rows(tmp_path, weight_bytes, repair):
     rows = {j.id: j for j in g.jobs.values() if j.kind == "e2e"}
     scores = {j.id for j in g.jobs.values() if j.kind.startswith("score")}
     assert e2e.runners == ({"htp": ("fp16", "w8a16")} if weight_bytes < HEAVY else {"ort": ("fp16", "w8a16")})
-    return rows, scores
+    return rows, scores, run.runs["code2wav"]
 
 
 def _assert_rows(rows, scores, weight_bytes):

@@ -69,12 +69,16 @@ class ComponentJobs:
 
     def _hold_e2e(self, job: Job) -> None:
         """With precision repair on, the end-to-end rows of a quantized precision wait for this
-        component's attribution, repair steps and repaired builds: a row runs a repaired build where
-        the plain one was rejected (recipes' placed_build)."""
+        component's attribution, repair steps and repaired builds of that precision: a row runs a
+        repaired build where the plain one was rejected (recipes' placed_build). Other rows do not wait."""
         if self.run.opts.repair == "off":
             return
+        values = {q.value: q for q in Precision}
+        p = next((values[x.removesuffix("-mixed")] for x in job.id.split("/")[1:] if x.removesuffix("-mixed") in values), None)
+        if p is None or not p.quantized:
+            return                            # an fp16 attribution repairs nothing: no row waits for it
         for j in list(self.graph.jobs.values()):
-            if j.kind == "e2e" and j.state == "waiting":
+            if j.kind == "e2e" and j.state == "waiting" and p.value in j.id.split("/", 1)[-1].split("+"):
                 self.graph.hold(j.id, job.id)
 
     def _id(self, *parts) -> str:
