@@ -151,11 +151,12 @@ def main():
     An LLM (prefill + decode graphs, ring-buffer KV), then text through its graphs:
       omni-export spark --target s25-htp --checkpoint ./Spark-X2.5-1.7B
       omni-export synth spark --build artifacts/spark-s25-htp --runner htp --prompt "Hi"
-    MiniCPM-o's voice path (TTS head, flow encoder, DiT step), LLM hidden states to codes and mel:
+    MiniCPM-o's voice path (TTS head, flow encoder, DiT step, HiFT vocoder), hidden states to codes:
       omni-export minicpm-o --target s25-htp
       omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --codes-out c.npy
 
-    Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none.
+    Exit codes: 0 every component has an accepted build; 2 bad input; 3 some component has none;
+    130 interrupted. `omni-export COMMAND --help` explains every option.
     """
     import warnings
 
@@ -305,13 +306,12 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
                      help="held-out samples each build scores on the slow runners (the HTP simulator; "
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
-                          "graphs past 256 MB of weights (the simulator takes 44-100 s per 0.6B talker step); "
-                          "0: all. ORT CPU always scores every held-out sample"),
+                          "graphs past 256 MB of weights; 0: all. ORT CPU always scores every held-out sample. "
+                          "Example: --sim-samples 0 to gate a real-size build on every sample"),
         click.Option(["--htp-optimization"], type=click.Choice(list(qnn_ep.FINALIZE_MODES)),
                      default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
                      help="QNN HTP graph finalization for context binaries and simulator runs: 1 prepares "
-                          "fast (the 0.6B fused predictor frame: 23 s), 2 (QNN's default) and 3 search "
-                          "longer for a faster on-device graph (450 s for that frame at QNN's default). "
+                          "fastest, 2 (QNN's default) and 3 search longer for a faster on-device graph. "
                           "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
         click.Option(["--max-memory"], type=FINITE_GB, default=None, metavar="GB",
                      help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
@@ -322,7 +322,7 @@ def _recipe_command(name: str) -> click.Command:
                           "other steps overlap while they fit in the memory free at the build's start"),
         click.Option(["--keep-sources"], is_flag=True,
                      help="keep sources/: the ONNX each accepted build is compiled from, which `omni-export hub "
-                          "submit` uploads to AI Hub (--hub keeps them; 82 MB on the demo)"),
+                          "submit` uploads to AI Hub [default: off; --hub keeps them]"),
         click.Option(["--repair"], type=click.Choice(["auto", "off"]), default="auto", show_default=True,
                      envvar="OMNI_EXPORT_REPAIR",
                      help="precision repair: when a quantized build (w8a16, w8a8, w4a16) is rejected, keep its "

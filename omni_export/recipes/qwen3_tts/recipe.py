@@ -165,8 +165,8 @@ RECIPE = Recipe(
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames", range=(8, 32768)),
         RecipeOption("talker-parts", int, None,
                      "talker graphs per call: 1 (one graph of all layers) or 2 (two halves, the residual "
-                     "stream passed between them: HTP contexts have a size limit, and a context binary of "
-                     "the whole 1.7B talker takes 11 GiB to compile); default: 2 when the talker's fp16 "
+                     "stream passed between them: HTP contexts have a size limit, and compiling a context binary "
+                     "needs memory in proportion to its weights); default: 2 when the talker's fp16 "
                      "weights pass 2 GiB (1.7B), else 1", affects=("talker_prefill", "talker_decode", *TALKER_PARTS), range=(1, 2)),
         RecipeOption("chunk-frames", int, 12, "Code2Wav: new frames per streaming chunk (N); 12 frames = 0.96 s",
                      affects=("code2wav",), range=(1, 250)),
@@ -198,11 +198,11 @@ RECIPE = Recipe(
                      "held-out references stay synthetic", affects=None),
         RecipeOption("e2e-frames", int, 12,
                      "end-to-end parity: frames synthesised per held-out prompt through the built graphs "
-                     "(the HTP simulator takes seconds per Code2Wav chunk; 0 skips end-to-end parity)", affects=(), range=(0, 2048)),
+                     "(every frame runs each graph on its runner; 0 skips end-to-end parity)", affects=(), range=(0, 2048)),
         RecipeOption("calibration-frames", int, None,
                      "frames generated per calibration prompt (18 prompts) and per held-out prompt; default "
-                     "24 / 24 on small checkpoints, 4 / 12 at real sizes (hidden >= 512), where each eager "
-                     "fp32 frame costs ~0.5 s and 16 calls per graph are kept", affects=None, range=(1, 512)),
+                     "24 / 24 on small checkpoints, 4 / 12 at real sizes (hidden >= 512: eager fp32 frames are slow "
+                     "there, and 16 calls per graph are kept either way)", affects=None, range=(1, 512)),
         RecipeOption("calibration-codes", str, None,
                      "Code2Wav: .npy of real code sequences [frames, 16] (or a directory of them) to "
                      "calibrate on instead of the codes the recipe generates from its prompt set", affects=("code2wav",)),

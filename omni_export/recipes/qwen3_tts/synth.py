@@ -163,7 +163,7 @@ def options() -> list:
                "CustomVoice / VoiceDesign, streaming for Base)"),
         o(["--max-frames"], type=int, default=None, help="stop after this many 80 ms frames [default: context]"),
         o(["--greedy"], is_flag=True, help="no sampling (talker and predictor) [do_sample false]"),
-        o(["--seed"], type=int, default=0, show_default=True),
+        o(["--seed"], type=int, default=0, show_default=True, help="seed of the samplers (same seed, same codes)"),
         o(["--temperature"], type=POSITIVE, default=None, help="talker temperature [temperature]"),
         o(["--top-k"], type=click.IntRange(min=1), default=None, help="talker top-k [top_k]"),
         o(["--top-p"], type=PROBABILITY, default=None, help="talker top-p, in (0, 1] [top_p]"),
