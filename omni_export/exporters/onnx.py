@@ -1080,7 +1080,8 @@ def activation_matmul_operands(src: Path) -> dict[str, list[str]]:
     same range, so the HTP multiplies 16 x 8 bits (a lone Q.K^T at Spark's prefill shapes: 38.4 dB on
     the simulator, 81.6 on ORT CPU; the same product computed exactly at uint16 x uint8 on ORT CPU:
     38.4). With input[1] int16 symmetric the EP adds no Convert and the HTP runs a native 16 x 16 MatMul
-    (73.3 dB); Spark's demo prefill logits 27.9 -> 30.4 dB (tools/spark_w8a16/mm3.py, exp13/14.py)."""
+    (73.3 dB); Spark's demo prefill logits 27.9 -> 30.4 dB (probe scripts mm3.py, exp13/14.py:
+    `git show e0661b8:tools/spark_w8a16/`)."""
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
