@@ -5,7 +5,8 @@ ExecuTorch 1.5.1's XNNPACK chooses its fp16 matrix-multiply kernel from the host
 AVX512-FP16 (recent Xeons) it accumulates in fp16 (`xnn_f16_gemm_minmax_ukernel_*__avx512fp16_*`),
 on other x86 CPUs in fp32 (`xnn_f16_f32acc_gemm_*`); Arm64 CPUs with fp16 arithmetic (phones)
 accumulate in fp16. The same fp16 .pte scored 25.6-39.9 dB on one host and 53.5-68.4 dB on another
-(docs/jobs.md): a fp16 .pte verdict is only comparable between hosts of the same accumulation.
+(docs/benchmarks.md, the job graph's 0.6B build): a fp16 .pte verdict is only comparable between
+hosts of the same accumulation.
 """
 from __future__ import annotations
 
