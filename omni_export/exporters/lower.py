@@ -181,6 +181,12 @@ class Lowering:
         self.kept_float[precision.value] = list(keep_float)
         return path
 
+    def forget(self, precision: Precision) -> None:
+        """Drop the graph recorded for `precision` (a probe of quantize_mixed that is no build's graph:
+        precision repair's per-block sensitivity), so a later build of it makes its own."""
+        self._onnx.pop(precision.value, None)
+        self.kept_float.pop(precision.value, None)
+
     def qnn_source(self, precision: Precision) -> tuple[Path, dict]:
         """The ONNX the QNN EP compiles for this precision, and its provider options (fp16 on for a
         mixed graph's float nodes)."""

@@ -254,8 +254,7 @@ def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, g
                 raise
             row.update({"snr_db": None, "error": short(e)})
         rows.append(row)
-    lowering._onnx.pop(p.repaired().value, None)
-    lowering.kept_float.pop(p.repaired().value, None)
+    lowering.forget(p.repaired())
     return rows
 
 
