@@ -81,6 +81,22 @@ class ComponentJobs:
             if j.kind == "e2e" and j.state == "waiting" and p.value in j.id.split("/", 1)[-1].split("+"):
                 self.graph.hold(j.id, job.id)
 
+    def _sized(self, j: Job) -> None:
+        """A waiting job of a graph past HEAVY_BYTES: an estimate scaled to its weights, and (a worker's
+        step) a process of its own holding its estimated peak on the memory gate."""
+        from .graph import SECONDS_PER_GIB
+
+        wb = self.info.get("weight_bytes", 0) if self.info else 0
+        if j.state != "waiting" or wb < HEAVY_BYTES:
+            return
+        if j.kind in SECONDS_PER_GIB:
+            j.seconds = max(j.estimate, SECONDS_PER_GIB[j.kind] * wb / 2**30)
+        kind = MEMORY_KIND.get(j.kind)
+        if j.where == "worker" and kind:
+            j.fresh = True
+            j.memory = step_bytes(kind, wb)
+            j.alone = runs_alone(kind, j.memory)
+
     def _id(self, *parts) -> str:
         return "/".join((self.name,) + tuple(str(p) for p in parts))
 
@@ -215,18 +231,9 @@ class ComponentJobs:
                             str(self.work), json.dumps(self.run.lowering_options(self.name)),
                             json.dumps({"inputs": info["inputs"], "outputs": info["outputs"], "logits": info["logits"]}),
                             wb if heavy else 0)
-        if heavy:        # each step in a process of its own, holding its estimated peak on the memory gate
-            from .graph import SECONDS_PER_GIB
-
+        if heavy:
             for jid in list(self.open):
-                j = self.graph.jobs[jid]
-                if j.state == "waiting" and j.kind in SECONDS_PER_GIB:
-                    j.seconds = max(j.estimate, SECONDS_PER_GIB[j.kind] * wb / 2**30)
-                kind = MEMORY_KIND.get(j.kind)
-                if j.state == "waiting" and j.where == "worker" and kind:
-                    j.fresh = True
-                    j.memory = step_bytes(kind, wb) if kind else 0
-                    j.alone = runs_alone(kind, j.memory)
+                self._sized(self.graph.jobs[jid])
         crash_point("traced")
         self.run.trace_done()
         self._close(job)
@@ -609,9 +616,9 @@ class ComponentJobs:
         for i, spec in specs:
             kind = {"ctx": "lower-ctx", "dlc": "lower-dlc"}.get(spec.format.value, "lower")
             lower_id = self._id("lower", spec.format.value, mixed.value)
-            self._add(Job(lower_id, kind, (step_id,), label=f"{c}: lower {spec.format.value} {mixed.value}",
-                          bind=lambda jobs, i=i: self._bind_lower(jobs, i, step_id),
-                          done=lambda job, i=i: self._lowered_done(job, i)))
+            self._sized(self._add(Job(lower_id, kind, (step_id,), label=f"{c}: lower {spec.format.value} {mixed.value}",
+                                      bind=lambda jobs, i=i: self._bind_lower(jobs, i, step_id),
+                                      done=lambda job, i=i: self._lowered_done(job, i))))
             ctx = self._ctx_sibling(spec)
             score_id = self._id("score", spec.format.value, mixed.value)
             if ctx is not None:
