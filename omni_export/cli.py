@@ -15,10 +15,10 @@ from .commands import reports
 from .commands.bundle import bundle
 from .commands.group import OneLineErrors
 from .commands.verify import verify
-from .core import Format, Precision, UsageError, strict_json
+from .core import UNITS, Format, Precision, UsageError, strict_json
 from .parity.gate import parse_gates
 from .recipes import REGISTRY, get_recipe
-from .targets import FORMAT_PRECISIONS, REWRITE_NAMES, TARGETS, get_target
+from .targets import FORMAT_PRECISIONS, REWRITE_NAMES, TARGETS, get_target, parse_place
 
 EXIT_USAGE, EXIT_REJECTED = 2, 3
 
@@ -186,14 +186,14 @@ def list_cmd():
     for t in TARGETS.values():
         click.echo(f"  {t.name:12s} {t.device}; formats {','.join(f.value for f in t.formats)}; "
                    f"default precisions {','.join(p.value for p in t.default_precisions)}")
-        if t.placement:
-            rest = t.place("")
-            click.echo(f"  {'':12s} placement: {', '.join(t.placement)} on the {_units(t.placement.values())}; "
-                       f"the other components on the {rest.unit_name}")
-            for comp, place in [*t.placement.items(), ("others", rest)]:
-                click.echo(f"  {'':12s}   {comp}: {','.join(f.value for f in place.formats)} at "
-                           f"{','.join(p.value for p in place.precisions)} (AI Hub --compute_unit "
-                           f"{place.hub_compute_unit})")
+        rest = t.place("")
+        roles = "".join(f"{role}s on the {t.units[unit].unit_name}, " for role, unit in t.roles.items())
+        click.echo(f"  {'':12s} placement: {roles}{'the other components' if roles else 'every component'} on the "
+                   f"{rest.unit_name} (--place COMPONENT=UNIT moves one)")
+        for unit, place in t.units.items():
+            click.echo(f"  {'':12s}   {UNITS[unit]}: {','.join(f.value for f in place.formats if f in t.formats)} at "
+                       f"{','.join(p.value for p in place.precisions)} (AI Hub --compute_unit "
+                       f"{place.hub_compute_unit})")
     click.echo("precisions: " + ", ".join(p.value for p in Precision.requestable())
                + " (and <precision>-mixed: precision repair's, from a rejected build)")
     click.echo("formats:")
@@ -201,16 +201,12 @@ def list_cmd():
         click.echo(f"  {f.value:5s} .{f.extension:9s} precisions {','.join(p.value for p in FORMAT_PRECISIONS[f])}")
 
 
-def _units(places) -> str:
-    return ", ".join(sorted({p.unit_name for p in places}))
-
-
 def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
                  rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
-                 keep_sources, repair, repair_steps, **recipe_opts):
+                 keep_sources, repair, repair_steps, place, **recipe_opts):
         from .faults import interrupted_by, interrupts_latched
         from .hf import resolve_checkpoint
         from .pipeline import RunOptions, run
@@ -231,7 +227,8 @@ def _recipe_command(name: str) -> click.Command:
                 jobs=jobs or 0, executor=executor, gates=parse_gates(gate), sim_samples=sim_samples,
                 htp_finalize=htp_optimization,
                 max_memory=int(max_memory * 1e9) if max_memory else None,
-                keep_sources=keep_sources or hub_opts is not None, repair=repair, repair_steps=repair_steps)
+                keep_sources=keep_sources or hub_opts is not None, repair=repair, repair_steps=repair_steps,
+                place=parse_place(place))
             pre = hub_cli.preflight(hub_opts, tgt, opts.out)
             console = _Console(quiet)           # --json: progress on stderr, stdout only the JSON
             with _native_stdout_to_stderr(), interrupts_latched():
@@ -333,6 +330,12 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--repair-steps"], type=click.IntRange(0, 64), default=4, show_default=True, metavar="N",
                      help="precision repair's budget: at most N re-quantize, compile and score steps per rejected "
                           "precision of a component"),
+        click.Option(["--place"], multiple=True, metavar="COMPONENT=UNIT",
+                     help="run COMPONENT on UNIT of the target: npu (the Hexagon NPU; scored on the HTP simulator), "
+                          "gpu (the Adreno GPU; judged on ONNX Runtime CPU at the same precision by proxy, re-judged "
+                          "on the device with --hub) or cpu; repeatable or comma-separated, e.g. --place code2wav=npu. "
+                          "Default: each component's role on the target (s25, s24: vocoders on the GPU), else the "
+                          "target's NPU (the CPU for --target cpu)"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress output"),
         click.Option(["--debug"], is_flag=True, help="show tracebacks"),
         reports.summary_param(),

@@ -201,6 +201,9 @@ class Component:
     # of its own, named variant_name(name, symbol, value) (code2wav_n1: Code2Wav at N = 1), with this
     # one's I/O, gates and placement; which values are built is the loader's (its components()).
     variants: str = ""
+    # What the graph is in the pipeline, for placement (Target.roles): e.g. "vocoder" (codes or mel to
+    # waveform), which the heterogeneous targets put on the GPU. Empty: the target's default unit.
+    role: str = ""
 
     def gate_db(self, precision: Precision) -> float:
         """The gate of `precision` (a repaired build is held to its base precision's gate)."""
@@ -318,6 +321,8 @@ class Placement:
     precisions: tuple[Precision, ...]           # the default ladder on this unit
     hub_runtimes: Mapping[Format, str] = field(default_factory=dict)
     doc: str = ""
+    # Why a component is here (targets.place_components): "--place code2wav=npu", "role vocoder (...)", ...
+    by: str = ""
 
     @property
     def runs(self) -> tuple[Precision, ...]:
@@ -349,10 +354,15 @@ class Target:
     # Precisions the target's placement can run (empty: all), and why others cannot.
     precisions: tuple[Precision, ...] = ()
     precision_note: str = ""
-    # Where each component runs: {component name: Placement}; others use `default_placement`
-    # (None: every format and the default ladder on the HTP, or the CPU for a target without one).
+    # Where each component runs: {component name: Placement}, resolved for a run by
+    # targets.place_components (recipe roles, --place); others use `default_placement` (None: every
+    # format and the default ladder on the HTP, or the CPU for a target without one).
     placement: Mapping[str, Placement] = field(default_factory=dict)
     default_placement: Placement | None = None
+    # The compute units this target has, each with what it builds there: {unit: Placement}
+    # (the units --place may name), and where a component of a given role goes: {role: unit}.
+    units: Mapping[str, Placement] = field(default_factory=dict)
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def has_htp(self) -> bool:

@@ -114,14 +114,17 @@ def test_s25_places_the_lm_on_the_npu_and_code2wav_on_the_gpu():
     from omni_export.recipes import get_recipe
     from omni_export.targets import get_target
 
-    recipe, s25 = get_recipe("qwen3-tts"), get_target("s25")
-    p = plan(RunOptions(recipe, s25, Path("unused")))
+    recipe = get_recipe("qwen3-tts")
+    opts = RunOptions(recipe, get_target("s25"), Path("unused"))
+    p, s25 = plan(opts), opts.target             # placed by the recipe's roles: code2wav is a vocoder
     got = {(b.component, b.format.value, b.precision.value) for b in p.builds}
     for c in ("talker_decode", "predictor_frame", "text_projection"):
         assert {(c, f, "fp16") for f in ("onnx", "dlc", "ctx")} <= got
-        assert s25.place(c).hub_compute_unit == "npu"
+        assert s25.place(c).hub_compute_unit == "npu" and s25.place(c).by == "s25's default unit"
     assert {b for b in got if b[0] == "code2wav"} == {("code2wav", "onnx", "fp32")}
     assert s25.place("code2wav").hub_compute_unit == "gpu" and s25.place("code2wav").hub_runtimes
+    assert s25.place("code2wav").by == "role vocoder (s25 places vocoders on the Adreno GPU)"
+    assert s25.place("code2wav_n2").unit == "gpu"          # a shape variant runs where its graph runs
     skipped = {(s["component"], s["format"]): s["reason"] for s in p.skipped}
     assert skipped == {}                          # the defaults ask each unit only for what it takes
     # fp32 asked of every component: the NPU-placed ones say why they cannot.
@@ -132,7 +135,8 @@ def test_s25_places_the_lm_on_the_npu_and_code2wav_on_the_gpu():
     assert reasons[("talker_decode", "onnx")] == ("talker_decode runs on the Hexagon NPU (HTP) on s25, "
                                                   "which runs fp16, w8a16, w8a8, w4a16")
     assert "code2wav runs on the Adreno GPU on s25, which takes onnx" == reasons[("code2wav", "dlc")]
-    assert get_target("s24").place("code2wav").unit == "gpu" and get_target("s24").soc_model == "57"
+    s24 = RunOptions(recipe, get_target("s24"), Path("unused")).target
+    assert s24.place("code2wav").unit == "gpu" and s24.soc_model == "57"
 
 
 def get_precision(text):
@@ -212,6 +216,14 @@ def test_submit_compiles_profiles_runs_and_scores_every_accepted_build(hub, out)
     # RTF: this build has no talker or predictor, so no estimate, and it says why
     assert h["rtf"]["rtf"] is None and "talker_decode" in h["rtf"]["missing"]
     assert "RTF not estimated: no device-accepted profile for talker_decode, predictor_frame" in md
+    # the GPU builds were judged by proxy; the device re-judged them, and their verdicts say so
+    for k, rec in ((GPU, gpu), (GPU16, gpu16)):
+        proxy = b[k]["parity"]["proxy"]
+        assert proxy["device"]["verdict"] == rec["parity"]["verdict"] == "accepted"
+        assert proxy["note"].startswith(f"judged on ORT CPU at {b[k]['precision']} by proxy for the Adreno GPU; "
+                                        f"re-judged on Samsung Galaxy S25 (Family) via FAKE AI Hub")
+        assert f"✅ accepted ({proxy['note']})" in md and proxy["note"] in html
+    assert "proxy" not in b[NPU]["parity"]
     # every file the hub stage wrote is listed: verify finds the directory clean
     v = cli("verify", str(out))
     assert v.exit_code == 0, v.output

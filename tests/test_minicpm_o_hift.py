@@ -183,6 +183,26 @@ def test_hift_f0_is_planned_at_fp32_on_the_cpu_beside_the_npu():
     assert all("not among --formats" in s["reason"] for s in p.skipped)
 
 
+def test_place_hift_on_the_gpu_is_judged_by_proxy_and_says_so(tmp_path, tiny):
+    """--place hift=gpu on the HTP-only target: HiFT's fp32 graph for the Adreno GPU, which nothing here
+    runs, judged on ONNX Runtime CPU at fp32 by proxy, as its verdict says wherever it is shown."""
+    out = tmp_path / "out"
+    proc = run_cli("minicpm-o", "--target", "s25-htp", "--place", "hift=gpu", "--components", "hift", "--formats", "onnx",
+                   "--no-attribution", "-q", *GEOM, "--mel-frames", "16", "--e2e-codes", "0",
+                   "--checkpoint", str(tiny), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_manifest(out)
+    b = builds_by(m)
+    assert set(b) == {("hift", "onnx", "fp32")} and m["target"]["placement"] == {"hift": "gpu"}
+    build = b[("hift", "onnx", "fp32")]
+    assert build["status"] == "accepted" and build["placement"] == {"unit": "gpu", "by": "--place hift=gpu"}
+    note = "judged on ORT CPU at fp32 by proxy for the Adreno GPU; re-judged on the device with --hub"
+    assert build["parity"]["proxy"] == {"runner": "ORT CPU", "precision": "fp32", "for": "Adreno GPU", "note": note}
+    assert build["parity"]["runner"]["short"] == "ort-cpu (gpu proxy)"
+    assert f"✅ accepted ({note})" in (out / "report.md").read_text()
+    assert f'<span class="proxy">({note})</span>' in (out / "report.html").read_text()
+
+
 def test_synth_through_the_build_writes_the_wav_of_its_graphs(cpu_build, tmp_path):
     """synth --wav through the fp16 ONNX graphs on ORT: a 24 kHz 16-bit WAV of the build's mel, the waveform
     the eager vocoder makes of that mel up to the fp16 f0's phase drift (same source-noise seed)."""

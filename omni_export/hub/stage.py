@@ -57,7 +57,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
     from ..artifacts.manifest import read_manifest
     from ..artifacts.store import MANIFEST, Store
     from ..recipes import get_recipe
-    from ..targets import get_target
+    from ..targets import placed_on
 
     progress = progress or _Silent()
     store = Store(Path(out))
@@ -68,7 +68,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
     m = store.amend("hub")
     start = _content(m)
     try:
-        target, recipe = get_target(m["target"]["name"]), get_recipe(m["recipe"]["name"])
+        target, recipe = placed_on(m["target"]["name"], m["target"].get("placement") or {}), get_recipe(m["recipe"]["name"])
         section = m.get("hub") or records.new_section(hub.label)
         if previous and previous.get("hub") and not m.get("hub"):
             section["uploads"] = copy.deepcopy(previous["hub"].get("uploads") or section["uploads"])
@@ -104,7 +104,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
         if _content(m) != start or store.recovered is not None or not _reports_exist(store.root):
-            _reports(store, m)                 # (a rerun that changed nothing keeps the reports it finds)
+            rewrite_reports(store, m)          # (a rerun that changed nothing keeps the reports it finds)
         store.finish(m)
     except BaseException:
         store.abort()
@@ -247,6 +247,8 @@ def apply(store, m: dict, recipe) -> list[str]:
         verdict = ((b.get("hub") or {}).get("parity") or {}).get("verdict")
         if verdict == "rejected" and b["status"] == "accepted":
             moved += _reject_on_device(store, b)
+        if verdict and (b.get("parity") or {}).get("proxy"):
+            _rejudged(m, b)
     for name, info in m["components"].items():
         info["accepted"] = any(b["status"] == "accepted" for b in m["builds"] if b["component"] == name)
     m["summary"].update({
@@ -267,6 +269,23 @@ def apply(store, m: dict, recipe) -> list[str]:
     section["rtf"] = estimate(m, recipe.realtime, m["options"].get("recipe_options") or {},
                               source=section["client"])
     return moved
+
+
+def _rejudged(m: dict, b: dict) -> None:
+    """A build judged locally by proxy (parity.runners.proxy_verdict) now has the device's verdict: its
+    proxy note says so, with the device's lowest gated SNR."""
+    import math
+
+    from ..parity.regate import gated_outputs
+    from ..parity.scores import as_json_db, min_snr_db
+
+    proxy, dev = b["parity"]["proxy"], b["hub"]["parity"]
+    db = min_snr_db(dev.get("outputs") or [], gated_outputs(m, b["component"]))
+    where = f"{(m['hub'].get('device') or {}).get('name', 'the device')} via {m['hub'].get('client')}"
+    proxy["device"] = {"verdict": dev["verdict"], "min_snr_db": None if db is None else as_json_db(db), "on": where}
+    said = "" if db is None else ", exact" if db == math.inf else f", {db:.1f} dB" if math.isfinite(db) else ", NaN/Inf"
+    proxy["note"] = (f"judged on {proxy['runner']} at {proxy['precision']} by proxy for the {proxy['for']}; "
+                     f"re-judged on {where}: {dev['verdict']}{said}")
 
 
 def _reject_on_device(store, b: dict) -> list[str]:
@@ -342,7 +361,9 @@ def _reports_exist(root: Path) -> bool:
     return all((root / name).is_file() for name in REPORT_FILES)
 
 
-def _reports(store, m: dict) -> None:
+def rewrite_reports(store, m: dict) -> None:
+    """report.md, report.html and parity.json of an amended build (with the re-gating `omni-export parity`
+    recorded, if any)."""
     from ..commands.reports import recorded_regate
     from ..parity.regate import regate
     from ..reports import write_reports

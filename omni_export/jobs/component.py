@@ -230,7 +230,7 @@ class ComponentJobs:
                             (info["calibration"]["source"], info["heldout"]["source"]), self.run.opts.target.name,
                             str(self.work), json.dumps(self.run.lowering_options(self.name)),
                             json.dumps({"inputs": info["inputs"], "outputs": info["outputs"], "logits": info["logits"]}),
-                            wb if heavy else 0)
+                            wb if heavy else 0, self.run.opts.target.place(self.name).unit)
         if heavy:
             for jid in list(self.open):
                 self._sized(self.graph.jobs[jid])
@@ -345,6 +345,7 @@ class ComponentJobs:
         from ..artifacts.samples import keep_audio
         from ..parity.gate import judge, top1_gate
         from ..parity.metrics import score_outputs
+        from ..parity.runners import proxy_verdict
         from .work import _mapped
 
         spec = self.builds[i]
@@ -394,6 +395,9 @@ class ComponentJobs:
         parity = {"runner": runner.to_json(), "threshold_db": verdict.threshold_db, "verdict": verdict.status,
                   "reason": verdict.reason, "outputs": [s.to_json() for s in verdict.scores],
                   "samples": len(reference)}
+        proxy = proxy_verdict(runner, spec.precision.value)
+        if proxy:
+            parity["proxy"] = proxy
         if samples is not None:
             how = self._lowered[i].get("chosen") or "evenly spread"
             parity["samples_note"] = (f"{len(reference)} of {len(refs)} held-out samples (indices {samples}, {how}): "
@@ -725,8 +729,12 @@ class ComponentJobs:
 
     # ------------------------------------------------------------------------------------ helpers
     def _entry(self, spec: BuildSpec) -> dict:
+        from ..targets import place_build
+
+        place = place_build(self.run.opts.target, spec.component, spec.precision, bool(self.component.fp32_on_cpu))
         e = {"name": spec.name, "component": spec.component, "format": spec.format.value,
-             "precision": spec.precision.value, "target": spec.target}
+             "precision": spec.precision.value, "target": spec.target,
+             "placement": {"unit": place.unit, "by": place.by}}
         search = self.repair.get(spec.precision.base.value) if spec.precision.mixed else None
         if search and search.get("result"):
             e["repair"] = {"from": spec.precision.base.value, "kept_float": search["result"]["kept_float"],

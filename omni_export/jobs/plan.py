@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..core import BuildSpec, Format, Precision, Recipe, Target, UsageError, variant_base
 from ..qnn_ep import DEFAULT_FINALIZE
-from ..targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, supports
+from ..targets import CPU_FP32, UNSUPPORTED_REASON, check_precisions, place_components, supports
 
 
 @dataclass
@@ -33,6 +33,12 @@ class RunOptions:
     keep_sources: bool = False                     # keep sources/ (the ONNX AI Hub compiles from): --keep-sources, --hub
     repair: str = "auto"                           # precision repair of rejected quantized builds: auto | off
     repair_steps: int = 4                          # its step budget per precision (jobs/repair.py)
+    place: dict = field(default_factory=dict)      # --place: {component: unit}, over the recipe's roles
+
+    def __post_init__(self):
+        # every component on its unit (the recipe's roles on this target, then --place): what plan,
+        # lowering, scoring and the record read from target.place(component)
+        self.target = place_components(self.target, self.recipe, self.place)
 
 
 @dataclass
@@ -52,9 +58,11 @@ def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
             hint = (f" ({c} is split in two here, as the recipe's options chose: --components "
                     f"{','.join(halves)})" if halves else "")
             raise UsageError(f"this checkpoint has no {c}; its components: {', '.join(available)}{hint}")
-    # a component's shape variants (Component.variants: code2wav_n1, ...) come with it
+    # a component's shape variants (Component.variants: code2wav_n1, ...) come with it (only a component
+    # that has variants: hift_f0 is a graph of its own, not hift at f = 0)
     comps = tuple(dict.fromkeys(x for c in comps for x in (c, *(a for a in available or ()
-                                                                 if variant_base(a) == c))))
+                                                                 if variant_base(a) == c
+                                                                 and opts.recipe.component(c).variants))))
     check_precisions(opts.target, opts.precisions or opts.target.default_precisions)
     for f in opts.formats:
         if f not in opts.target.formats:

@@ -36,6 +36,7 @@ class GraphRef:
     lowering: str                    # exporters.lower.Lowering keyword options, JSON
     specs: str = "{}"                # the graph's inputs, outputs and logits, JSON
     weight_bytes: int = 0            # > 0 only for graphs past HEAVY_BYTES (lean ORT sessions)
+    placement: str = ""              # the unit the component runs on (targets.place_components)
 
 
 def _lowering_kwargs(ref: GraphRef) -> dict:
@@ -72,7 +73,7 @@ def load_graph(ref: GraphRef, module: bool = False):
     others work on files and the graph's I/O names."""
     from ..core import TensorSpec
     from ..exporters.lower import Lowering
-    from ..targets import get_target
+    from ..targets import placed_on
     from ..trace import Traced
 
     if ref not in _graphs:
@@ -84,7 +85,8 @@ def load_graph(ref: GraphRef, module: bool = False):
                         heldout=list(_mapped(ref, "heldout", names_in)),
                         reference=list(_mapped(ref, "reference", names_out)), calibration_source=ref.sources[0],
                         heldout_source=ref.sources[1], logits=tuple(specs["logits"]))
-        lowering = Lowering(traced, get_target(ref.target), Path(ref.work), **_lowering_kwargs(ref))
+        target = placed_on(ref.target, {ref.component: ref.placement} if ref.placement else {})
+        lowering = Lowering(traced, target, Path(ref.work), **_lowering_kwargs(ref))
         lowering.weight_bytes = ref.weight_bytes
         while len(_graphs) >= _KEEP:
             _graphs.popitem(last=False)

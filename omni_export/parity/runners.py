@@ -59,6 +59,17 @@ class RunnerSpec:
         return {"kind": self.kind, "short": self.short, "label": self.label, "options": dict(self.options)}
 
 
+def proxy_verdict(runner: RunnerSpec, precision: str) -> dict | None:
+    """What a verdict from a proxy runner rests on (a graph placed on a unit nothing here runs: the
+    Adreno GPU): which runner, which precision, for which unit; None for a runner of the unit itself.
+    Its `note` is what the reports say beside the verdict; AI Hub's device run re-judges it (hub/stage.py)."""
+    if not runner.proxy_for:
+        return None
+    unit = PROXY_NAMES[runner.proxy_for]
+    return {"runner": "ORT CPU", "precision": precision, "for": unit,
+            "note": f"judged on ORT CPU at {precision} by proxy for the {unit}; re-judged on the device with --hub"}
+
+
 class Runner:
     def __init__(self, spec: RunnerSpec):
         self.spec = spec

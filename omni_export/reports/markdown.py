@@ -109,7 +109,8 @@ def _regated_note(regated: dict) -> str:
 
 
 def _table_row(r: BuildRow) -> str:
-    verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "")
+    verdict = VERDICT[r.verdict] + (f" (was {r.built_verdict})" if r.verdict_changed else "") + \
+        (f" ({md(r.proxy)})" if r.proxy else "")
     runner = f"{md(r.runner)} ({r.scored})" if r.scored else md(r.runner)
     return (f"| {md(r.component)} | {md(r.format)} | {md(r.precision)} | {runner} | {_snr_cell(r)} | "
             f"{fmt_db(r.worst.get('psnr_db'))} | {fmt_db(r.threshold_db)} | {verdict} | {human_bytes(r.bytes)} |")

@@ -33,6 +33,7 @@ class BuildRow:
     hub: dict | None = None
     scored: str = ""          # "2 of 12 samples" / "12 samples"; "shares the ctx build's run, not run itself"
     runner_kind: str = ""     # the runner's kind: ort-cpu, qnn-htp, executorch, device
+    proxy: str = ""           # a verdict judged by proxy: on which runner and precision, for which unit, re-judged how
 
     @property
     def accepted(self) -> bool:
@@ -85,7 +86,7 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
         built_verdict=b["status"], outputs=outputs, gated=names, min_snr_db=min_snr_db(outputs, names),
         bytes=sum(f["bytes"] for f in b.get("files", [])), files=tuple(b.get("files", [])),
         samples=tuple(b.get("samples", [])), hub=b.get("hub"), scored=_scored(m, b),
-        runner_kind=runner.get("kind", ""))
+        runner_kind=runner.get("kind", ""), proxy=(p.get("proxy") or {}).get("note", ""))
 
 
 def _scored(m: dict, b: dict) -> str:

@@ -107,7 +107,7 @@ COMPONENTS = (
         outputs=(T("f0", (1, "M"), F32, "fundamental frequency in Hz (voiced above 10 Hz)"),),
         gates_db=_GATES, requires=("token2wav",),
         fp32_on_cpu="the host integrates f0 into the NSF harmonics' phase over the window, so fp16's "
-                    "2^-11 rounding of f0 drifts the waveform's phase (five small convs at 50 Hz)"),
+                    "2^-11 rounding of f0 drifts the waveform's phase (five small convs at 50 Hz)", role="vocoder"),
     Component(
         name="hift",
         doc="token2wav HiFT vocoder: mel + NSF source -> iSTFT magnitude and phase (host: source, iSTFT in float64)",
@@ -117,7 +117,7 @@ COMPONENTS = (
                   "noise, l_linear + tanh), reflect-padded by NFFT/2 each side")),
         outputs=(T("magnitude", (1, "Bins", "M*Up//Hop+1"), F32, "iSTFT magnitude, exp(min(x, ln 100))"),
                  T("phase", (1, "Bins", "M*Up//Hop+1"), F32, "iSTFT phase, sin(x) as upstream")),
-        gates_db=_GATES, requires=("token2wav",)),
+        gates_db=_GATES, requires=("token2wav",), role="vocoder"),
 )
 
 RECIPE = Recipe(

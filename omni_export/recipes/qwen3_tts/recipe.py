@@ -121,7 +121,7 @@ COMPONENTS = (
                 "single block (each >= 51.4 dB alone), the chain of 10 blocks compounds; run Code2Wav on the GPU "
                 "or at fp32 on the CPU (docs/fp16-pte.md)"},
         # --chunk-schedule: one more graph per chunk size other than N (code2wav_n1: N = 1), scored alone
-        variants="N"),
+        variants="N", role="vocoder"),
     Component(
         name="speaker_encoder",
         doc="ECAPA-TDNN x-vector of a reference of L log-mel frames, L up to F (Base checkpoints): reflect pads "
