@@ -14,6 +14,7 @@ from .commands import hub as hub_cli
 from .commands import reports
 from .commands.bundle import bundle
 from .commands.group import OneLineErrors
+from .commands.latency import latency
 from .commands.verify import verify
 from .core import UNITS, Format, Precision, UsageError, strict_json
 from .parity.gate import parse_gates
@@ -448,6 +449,7 @@ for _name in REGISTRY:
 reports.register(main)
 main.add_command(verify)
 main.add_command(bundle)
+main.add_command(latency)
 hub_cli.register(main)
 
 

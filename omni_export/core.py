@@ -238,6 +238,12 @@ class RealTime:
     alternatives: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     doc: str = ""
     call_names: Mapping[str, str] = field(default_factory=dict)   # what one call is, e.g. "chunk"
+    # Time to first audio (hub/latency.py): the graphs run once per utterance before the first unit
+    # (the prompt; counts as above, for a prompt that fits one call; a recorded synth run gives its own),
+    # and "module:function(options) -> {frames, graph, calls}": the units of output generated before the
+    # first audio leaves, the graph that decodes them, and the (component, calls) that generate them.
+    prompt: tuple[tuple[str, str], ...] = ()
+    first_audio: str = ""
 
 
 @dataclass(frozen=True)

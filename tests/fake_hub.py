@@ -27,7 +27,8 @@ Rules (each a dict; every rule whose "match" fits applies, later keys win):
   http_after_create: true   ... after creating the job (the response is lost, the job exists)
   perturb_snr_db: x     float outputs get seeded noise at x dB SNR (a broken device build)
   inference_time_us: n  the profile's estimated_inference_time (default: 25 µs per ONNX node,
-                        x2 on GPU, x6 on CPU)
+                        x2 on GPU, x6 on CPU), shared among the profile's ops (one per ONNX node) by
+                        OP_WEIGHTS: a MatMul or Conv takes 8 times an elementwise op's time
   cpu_layers: k         k layers of the profile on the CPU (fallback)
 Top-level "offline": [endpoint names] makes those calls fail with a connection error (the
 network is down for them), e.g. ["get_device_list"] or ["get_job"].
@@ -87,6 +88,8 @@ RUNTIMES = {"tflite": "MODEL_TYPE_TFLITE", "onnx": "MODEL_TYPE_ONNX", "qnn_dlc":
             "qnn_context_binary": "MODEL_TYPE_QNN_CONTEXT_BINARY", "precompiled_qnn_onnx": "MODEL_TYPE_ONNX",
             "qnn_lib_aarch64_android": "MODEL_TYPE_QNN_LIB_AARCH64_ANDROID"}
 UNITS = {"all", "npu", "gpu", "cpu"}
+# The fake's share of a profile's time per op type (others 1): the heavy ops are its slowest ops
+OP_WEIGHTS = {"MatMul": 8, "Gemm": 8, "Conv": 8, "ConvTranspose": 8}
 # flag -> None for a switch, a set of values, or a callable validating the value (AI Hub docs).
 COMPILE_OPTIONS = {
     "--target_runtime": set(RUNTIMES), "--compute_unit": "units", "--qairt_version": "qairt",
@@ -654,9 +657,10 @@ class Server:
         total = int(rules.get("inference_time_us") or 25 * len(graph.node) * factor)
         cpu_layers = int(rules.get("cpu_layers", 0))
         size = Path(model["onnx"]).stat().st_size
+        weights = [OP_WEIGHTS.get(n.op_type, 1) for n in graph.node]
         layers = [{"name": n.name or f"{n.op_type}_{i}", "type": n.op_type,
                    "unit": "CPU" if i < cpu_layers else unit,
-                   "time": max(1, total // max(1, len(graph.node)))} for i, n in enumerate(graph.node)]
+                   "time": max(1, total * w // max(1, sum(weights)))} for i, (n, w) in enumerate(zip(graph.node, weights))]
         return {"time": total, "all": [int(total * f) for f in (0.97, 1.0, 1.0, 1.02, 1.08)],
                 "peak": int(size * 1.5 + 4 * 2**20), "load": 180_000 + size // 50, "layers": layers}
 

@@ -224,10 +224,36 @@ def test_submit_compiles_profiles_runs_and_scores_every_accepted_build(hub, out)
                                         f"re-judged on Samsung Galaxy S25 (Family) via FAKE AI Hub")
         assert f"✅ accepted ({proxy['note']})" in md and proxy["note"] in html
     assert "proxy" not in b[NPU]["parity"]
+    # `omni-export latency`: each graph's slowest ops from the profiles; no projection without the talker
+    lat = cli("latency", str(out), "--json")
+    assert lat.exit_code == 0, lat.output
+    p = json.loads(lat.stdout)
+    ops = {g["graph"]: g["ops"] for g in p["slowest_ops"]}
+    assert set(ops) == {NPU, NPU8, GPU, GPU16} and ops[GPU][0]["compute_unit"] == "GPU"
+    assert b[NPU]["hub"]["profile"]["slowest_ops"][:5] == ops[NPU]
+    assert all(a["ms"] >= c["ms"] for o in ops.values() for a, c in zip(o, o[1:])) and ops[NPU][0]["ms"] > ops[NPU][-1]["ms"]
+    assert p["rtf"]["rtf"] is None and p["rtf"]["missing"] == ["talker_decode", "predictor_frame"]
+    assert p["ttfa"]["ms"] is None and p["ttfa"]["missing"] == ["talker_prefill", "predictor_frame", "talker_decode"]
+    text = cli("latency", str(out)).output
+    assert "  RTF not projected: no device-accepted profile for talker_decode, predictor_frame" in text
+    assert "  TTFA not projected: no device-accepted profile for talker_prefill, predictor_frame, talker_decode" in text
+    assert f"  {NPU} (NPU, " in text and "Latency projected on the device" in md
     # every file the hub stage wrote is listed: verify finds the directory clean
     v = cli("verify", str(out))
     assert v.exit_code == 0, v.output
     assert not (out / ".incomplete").exists() and not (out / ".staging").exists()
+
+
+def test_latency_before_any_submission_says_what_it_needs(out, tmp_path):
+    r = cli("latency", str(out))
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == [
+        "omni-export latency: qwen3-tts → s25 (Samsung Galaxy S25 (Family))",
+        "no AI Hub profile times in this build: submit it (`omni-export hub submit OUT`, or build with --hub) to "
+        "profile talker_decode, predictor_frame, code2wav, text_projection, talker_prefill on Samsung Galaxy S25 (Family)"]
+    assert json.loads(cli("latency", str(out), "--json").stdout)["rtf"] is None
+    bad = cli("latency", str(tmp_path / "nothing"))
+    assert bad.exit_code == 2 and "no such file or directory" in bad.output
 
 
 def test_only_accepted_builds_are_submitted(hub, out):

@@ -3,8 +3,10 @@
 The dict is the client's: {"execution_summary": {"estimated_inference_time": µs,
 "estimated_inference_peak_memory": bytes, "first_load_time": µs, "warm_load_time": µs,
 "inference_memory_peak_range": (lo, hi) bytes, "all_inference_times": [µs, ...], ...},
-"execution_detail": [{"name", "type", "compute_unit": "NPU" | "GPU" | "CPU", "execution_time"?}]}.
-Missing metrics (None in the client's dict) stay None here.
+"execution_detail": [{"name", "type", "compute_unit": "NPU" | "GPU" | "CPU", "execution_time"? µs}]}.
+Missing metrics (None in the client's dict) stay None here. Per op, the slowest ones are kept with their
+time (`slowest_ops`): where a graph's device time goes (the study found a fifth of every sliding-window
+layer lost to one boundary copy this way).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import statistics
 
 UNITS = ("NPU", "GPU", "CPU")
 MB = 1024 * 1024
+SLOWEST = 10          # ops kept per profile, slowest first (the whole profile stays in hub/<build>/profile.json)
 
 
 def summarize(profile: dict) -> dict:
@@ -35,7 +38,18 @@ def summarize(profile: dict) -> dict:
         "warm_load_ms": _ms(es.get("warm_load_time")),
         "compute_units": units,
         "layers": len(layers),
+        "slowest_ops": slowest(layers),
     }
+
+
+def slowest(layers: list, n: int = SLOWEST) -> list[dict]:
+    """The `n` ops with the longest execution_time (µs in the profile), as {name, type, compute_unit, ms},
+    slowest first; ops the profile gives no time are left out."""
+    timed = [x for x in layers if isinstance(x.get("execution_time"), (int, float))]
+    timed.sort(key=lambda x: -x["execution_time"])
+    return [{"name": str(x.get("name", "")), "type": str(x.get("type", "")),
+             "compute_unit": str(x.get("compute_unit", "")).upper(), "ms": _ms(x["execution_time"])}
+            for x in timed[:n]]
 
 
 def split(units: dict) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..hub.profile import split
 from ..hub.rtf import lines as rtf_lines
 from . import audio, figures
-from .hub import device_rows
+from .hub import device_rows, latency_lines
 from .view import (E2E_GATE_NOTE, BuildRow, agreement_note, build_rows, caveats, components_without_accepted,
                    fmt_db, human_bytes, short_sha, weakest_blocks)
 
@@ -26,7 +26,7 @@ def render(root: Path, m: dict, regated: dict | None = None) -> str:
                     for name, info in m["components"].items()],
         audio=audio.sections(root, m, rows),
         weakest=weakest_blocks(m),
-        hub=m.get("hub"), hub_rows=device_rows(m),
+        hub=m.get("hub"), hub_rows=device_rows(m), latency_lines=latency_lines(m),
         rtf_lines=rtf_lines(m["hub"]["rtf"]) if (m.get("hub") or {}).get("rtf") else [],
         end_to_end=m.get("end_to_end"), caveats=caveats(m, rows), e2e_gate_note=E2E_GATE_NOTE,
         generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),

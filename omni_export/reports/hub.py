@@ -94,7 +94,27 @@ def markdown(m: dict) -> list[str]:
                 lines.append(f"| {md(key)} | failed: {md(link['failure'])} | | | | | |")
     if h.get("rtf"):
         lines += ["", f"Real time ({md(h['rtf']['doc'])}):", ""] + [f"- {md(x)}" for x in rtf_lines(h["rtf"])]
+    projected = latency_lines(m)
+    if projected:
+        lines += ["", "Latency projected on the device (`omni-export latency`; host work measured here):", ""]
+        lines += [("  - " if x.startswith("  ") else "- ") + md(x.strip()) for x in projected]
     return lines
+
+
+def latency_lines(m: dict) -> list[str]:
+    """hub/latency.py's projection of a submitted build, as lines (sub-items indented); [] before any
+    submission or for a recipe this omni-export does not know."""
+    from ..core import UsageError
+    from ..hub.latency import lines, project
+    from ..recipes import get_recipe
+
+    if not m.get("hub"):
+        return []
+    try:
+        recipe = get_recipe(m["recipe"]["name"])
+    except UsageError:
+        return []
+    return lines(project(m, recipe))
 
 
 def _url(url) -> str:

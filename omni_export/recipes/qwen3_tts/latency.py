@@ -131,3 +131,18 @@ class Latency:
 
 def _ms(seconds: float) -> float:
     return round(1e3 * seconds, 2)
+
+
+def first_audio(options: dict) -> dict:
+    """RealTime.first_audio: the frames of codes before the first audio along --chunk-schedule (its
+    first chunk, capped at --chunk-frames), the Code2Wav graph that decodes them, and the graph calls that
+    make them after the prompt (host.generate: the prefill gives frame 1's code 0; each frame one
+    predictor frame, each frame after the first one talker step)."""
+    from ...core import variant_name
+    from .model import parse_schedule
+
+    chunk = int(options["chunk-frames"])
+    schedule = [min(n, chunk) for n in parse_schedule(options.get("chunk-schedule"))]
+    frames = schedule[0] if schedule else chunk
+    return {"frames": frames, "graph": "code2wav" if frames == chunk else variant_name("code2wav", "N", frames),
+            "calls": (("predictor_frame", frames), ("talker_decode", frames - 1))}

@@ -221,10 +221,17 @@ RECIPE = Recipe(
         unit="frame", unit_ms=80.0,
         calls=(("talker_decode", "1"), ("predictor_frame", "1"), ("code2wav", "1/chunk_frames")),
         alternatives={"predictor_frame": (("predictor_prefill", "1"), ("predictor_decode", "14")),
-                      "talker_decode": (("talker_decode_part1", "1"), ("talker_decode_part2", "1"))},
+                      "talker_decode": (("talker_decode_part1", "1"), ("talker_decode_part2", "1")),
+                      "talker_prefill": (("talker_prefill_part1", "1"), ("talker_prefill_part2", "1"))},
         doc="per 80 ms frame: one talker_decode, one predictor_frame (or its prefill + 14 steps); "
             "Code2Wav once per chunk of N frames",
         call_names={"code2wav": "chunk", "talker_decode": "step", "talker_decode_part1": "step",
                     "talker_decode_part2": "step", "predictor_frame": "frame",
-                    "predictor_prefill": "prefill", "predictor_decode": "step"}),
+                    "predictor_prefill": "prefill", "predictor_decode": "step", "text_projection": "call",
+                    "talker_prefill": "prefill"},
+        # before the first audio: the prompt (text projection, talker prefill), then the frames of the
+        # first chunk of --chunk-schedule (host.generate: the prefill gives frame 1's code 0, each later
+        # frame one talker step) and that chunk's Code2Wav graph
+        prompt=(("text_projection", "1"), ("talker_prefill", "1")),
+        first_audio="omni_export.recipes.qwen3_tts.latency:first_audio"),
 )

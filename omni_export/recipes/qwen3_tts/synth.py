@@ -182,6 +182,10 @@ def options() -> list:
         o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [frames, 16] (.npy)"),
         o(["--wav"], type=click.Path(), default=None, help="write 24 kHz 16-bit WAV here"),
         o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
+        o(["--record-latency"], is_flag=True,
+          help="with --build: record this run's timing (--json's ttfa_ms, rtf, latency) in the build's manifest.json, "
+               "where `omni-export latency` and the report take the host work per frame from; the newest run per "
+               "runner and precision is kept"),
     ]
 
 
@@ -197,6 +201,10 @@ def run(**kw) -> dict:
         check_output_file(npy_path(kw["codes_out"]), "--codes-out")
     _ids(kw.get("text_ids"), "--text-ids")          # their syntax before the checkpoint loads
     _ids(kw.get("instruct_ids"), "--instruct-ids")
+    if kw.get("record_latency") and not kw.get("build"):
+        from ...core import UsageError
+
+        raise UsageError("--record-latency records into a build's manifest.json: pass --build OUT")
     if kw.get("bundle"):
         from .bundle import synth
 
@@ -204,7 +212,17 @@ def run(**kw) -> dict:
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
-        return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
+        summary = _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
+    if kw.get("record_latency"):
+        from ...hub.latency import record
+
+        if summary.get("ttfa_ms") is None:
+            summary.setdefault("notes", []).append("--record-latency: nothing recorded, this run did not stream "
+                                                  "(it has no time to first audio)")
+        else:
+            record(build, summary, kw["runner"])
+            summary["recorded_in"] = str(build / "manifest.json")
+    return summary
 
 
 def _run(model, build, kw, name: str, graphs=None) -> dict:
