@@ -451,7 +451,7 @@ def test_unknown_recipe_lists_the_valid_ones(tmp_path):
     proc = run_cli("whisper-xl", "--target", "s25-htp")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("omni-export: error: unknown recipe 'whisper-xl'; valid: qwen3-tts, minicpm-o, "
-                                   "spark (other commands: bundle, diff, hub, list, parity, report, synth, verify)")
+                                   "spark (other commands: bundle, diff, hub, latency, list, parity, report, synth, verify)")
 
 
 def test_click_usage_errors_are_one_line_too():

@@ -101,6 +101,13 @@ def test_without_profile_times_it_says_in_one_line_what_it_needs():
     assert spark["needs"].startswith("spark declares no real-time unit of output")
 
 
+def test_record_latency_needs_a_build():
+    proc = run_cli("synth", "qwen3-tts", "--text-ids", "1,2,3", "--record-latency")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("omni-export: error: --record-latency records into a build's "
+                                                    "manifest.json: pass --build OUT")
+
+
 # ----------------------------------------------------------------------------- a fake-hub build
 
 @pytest.fixture(scope="module")
