@@ -39,7 +39,8 @@ def project(m: dict, recipe) -> dict:
         out["needs"] = (f"{recipe.name} declares no real-time unit of output (its recipe page has no RealTime): "
                         f"there is no TTFA or RTF to project")
         return out
-    options = (m.get("options") or {}).get("recipe_options") or {}
+    options = {**{o.name: o.default for o in recipe.options},           # an older manifest may lack some
+               **{k: v for k, v in ((m.get("options") or {}).get("recipe_options") or {}).items() if v is not None}}
     best = fastest_on_device(m)
     fa = first_audio(rt, options)
     if not best:
