@@ -32,7 +32,7 @@ def project(m: dict, recipe) -> dict:
     hub = m.get("hub") or {}
     device = (hub.get("device") or {}).get("name") or m["target"].get("hub_device") or "the device"
     out = {"recipe": m["recipe"]["name"], "target": m["target"]["name"], "device": device,
-           "client": hub.get("client"), "needs": None, "rtf": None, "ttfa": None,
+           "client": hub.get("client"), "profiles": None, "needs": None, "rtf": None, "ttfa": None,
            "host": host_record(m), "slowest_ops": slowest_ops(m)}
     rt = recipe.realtime
     if rt is None:
@@ -48,10 +48,26 @@ def project(m: dict, recipe) -> dict:
         out["needs"] = (f"no AI Hub profile times in this build: submit it (`omni-export hub submit OUT`, or build "
                         f"with --hub) to profile {', '.join(dict.fromkeys(wanted))} on {device}")
         return out
-    source = f"AI Hub profile ({hub.get('client')}, {device})"
-    out["rtf"] = _rtf(m, rt, options, out["host"], source)
-    out["ttfa"] = _ttfa(m, rt, options, best, fa, out["host"], source) if fa else None
+    out["profiles"] = f"{hub.get('client')} on {device}"
+    jobs = profile_jobs(m)
+    out["rtf"] = _rtf(m, rt, options, out["host"], jobs)
+    out["ttfa"] = _ttfa(m, rt, options, best, fa, out["host"], jobs) if fa else None
     return out
+
+
+def profile_jobs(m: dict) -> dict[str, str]:
+    """{build key: the AI Hub inference job whose profile gave its time}."""
+    out = {}
+    for b in m.get("builds", []):
+        step = next((s for s in ((b.get("hub") or {}).get("steps") or []) if s.get("kind") == "inference"), None)
+        if step and step.get("id"):
+            out[f"{b['component']}/{b['format']}/{b['precision']}"] = step["id"]
+    return out
+
+
+def _source(builds: list[str], jobs: dict) -> str:
+    ids = [jobs[b] for b in builds if b in jobs]
+    return "AI Hub profile" + (f", job {', '.join(ids)}" if ids else "")
 
 
 def first_audio(rt, options: dict) -> dict | None:
@@ -69,12 +85,14 @@ def host_record(m: dict) -> dict | None:
     lat = r.get("latency") or {}
     per = (lat.get("per_frame_ms") or {}).get("host")
     return {"ms_per_unit": per, "run": r,
-            "source": (f"synth --json on {r.get('runner')} ({r.get('graphs')}), {lat.get('timed_on')}; "
-                       f"recorded {r.get('recorded')} at omni-export {str(r.get('omni_export_git') or '?')[:10]}")}
+            "source": (f"synth --json, {lat.get('timed_on')}; recorded {r.get('recorded')} at omni-export "
+                       f"{str(r.get('omni_export_git') or '?')[:10]}")}
 
 
-def _rtf(m: dict, rt, options: dict, host: dict | None, source: str) -> dict:
-    est = estimate(m, rt, options, source=source)
+def _rtf(m: dict, rt, options: dict, host: dict | None, jobs: dict) -> dict:
+    est = estimate(m, rt, options, source="AI Hub profiles")
+    for g in est["graphs"]:
+        g["source"] = _source([g["build"]], jobs)
     lanes = [{"compute_unit": u, "graphs_ms": ms, "host_ms": 0.0, "ms": ms} for u, ms in est["by_compute_unit"].items()]
     out = {"device": est, "lanes": lanes, "host_ms_per_unit": None, "rtf": None, "mode": None,
            "missing": est["missing"], "source": ARITHMETIC}
@@ -104,7 +122,7 @@ def device_ms(best: dict, rt, component: str, options: dict) -> tuple[float, lis
     return None
 
 
-def _ttfa(m: dict, rt, options: dict, best: dict, fa: dict, host: dict | None, source: str) -> dict:
+def _ttfa(m: dict, rt, options: dict, best: dict, fa: dict, host: dict | None, jobs: dict) -> dict:
     run = (host or {}).get("run") or {}
     stages = (run.get("latency") or {}).get("stages_ms") or {}
     terms, missing = [], []
@@ -118,14 +136,15 @@ def _ttfa(m: dict, rt, options: dict, best: dict, fa: dict, host: dict | None, s
             return
         ms, builds, unit = got
         terms.append({"what": component, "calls": calls, "why": why, "ms_per_call": ms,
-                      "ms": round(ms * calls, 3), "compute_unit": unit, "builds": builds, "source": source})
+                      "ms": round(ms * calls, 3), "compute_unit": unit, "builds": builds,
+                      "source": _source(builds, jobs)})
 
     for comp, expr in rt.prompt:
         counted = _calls(stages, comp, rt)
         if counted is not None:
-            add(comp, counted, "the prompt, as the recorded synth run called it")
+            add(comp, counted, "the prompt, as often as the recorded synth run called it")
         else:
-            add(comp, calls_per_unit(expr, options), "the prompt, assuming it fits one call (no synth run recorded)")
+            add(comp, calls_per_unit(expr, options), "the prompt; one call assumed, no synth run recorded")
     for comp, n in fa["calls"]:
         add(comp, n, f"to generate the {fa['frames']} {rt.unit}(s) of the first chunk")
     add(fa["graph"], 1, f"decodes the first chunk ({fa['frames']} {rt.unit}(s))")
@@ -178,9 +197,10 @@ def lines(p: dict) -> list[str]:
     if r:
         est = r["device"]
         unit, ms = est["unit"], est["unit_ms"]
-        out.append(f"Per {unit} of {ms:g} ms on {p['device']}:")
+        out.append(f"AI Hub profiles: {p['profiles']}")
+        out.append(f"Per {unit} of {ms:g} ms:")
         out += [f"  {g['component']} ({g['build'].split('/', 1)[1]}, {g['compute_unit'].upper()}): {g['ms_per_call']:.2f} ms "
-                f"per {g.get('call', 'call')} × {g['calls']} = {g['ms_per_unit']:.2f} ms [{est['source']}]"
+                f"per {g.get('call', 'call')} × {g['calls']} = {g['ms_per_unit']:.2f} ms [{g['source']}]"
                 for g in est["graphs"]]
         host = p["host"]
         if r["host_ms_per_unit"] is not None:
