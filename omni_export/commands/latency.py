@@ -19,7 +19,7 @@ def latency(out: str, as_json: bool, debug: bool):
     profile times (`omni-export hub submit OUT` or --hub records them): the generation loop's graphs and
     the host work between them on one unit, the vocoder on its own, overlapped as a stream. Host work is
     taken from a synth run recorded in OUT (`omni-export synth qwen3-tts --build OUT --json
-    --record-latency`), measured on this machine. Lists each profiled graph's slowest ops. Every figure
+    --record-latency`), timed on this machine. Lists each profiled graph's slowest ops. Every figure
     is labelled by its source. Without profile times it says, in one line, what it needs. Exit 0, or 2
     for bad input."""
     from ..core import strict_json
