@@ -386,7 +386,8 @@ def _rewrites(text: str | None, target) -> tuple[str, ...]:
 
 def _json_build(m: dict, b: dict) -> dict:
     """A build in --json: its verdict and the scores the gate read (as report.md shows them): the
-    lowest SNR and the lowest agreement over the gated outputs, None where no gated output has one."""
+    lowest SNR and the lowest agreement over the gated outputs (named in `gated_outputs`), None where
+    no gated output has one."""
     from .parity.regate import gated_outputs
     from .parity.scores import gated, min_snr_db
 
@@ -395,7 +396,7 @@ def _json_build(m: dict, b: dict) -> dict:
     agree = [o["agreement"] for o in gated(outs, names) if o.get("agreement") is not None]
     return {"name": b["name"], "component": b["component"], "format": b["format"], "precision": b["precision"],
             "status": b["status"], "snr_db": min_snr_db(outs, names), "agreement": min(agree) if agree else None,
-            "reason": b["parity"]["reason"]}
+            "gated_outputs": [o["name"] for o in gated(outs, names)], "reason": b["parity"]["reason"]}
 
 
 def _print_report(out: Path) -> None:

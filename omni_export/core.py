@@ -148,6 +148,20 @@ def variant_base(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class RowSum:
+    """A float output that is the sum of table rows picked by integer tensors of the same call (the
+    summed codebook embedding a fused frame hands the next graph). `picks` names those inputs or
+    outputs; their last axes, concatenated, give one pick per table, in order. The tables are the
+    loader's (Graph.row_tables), read from the checkpoint as a host loop reads them. The gate reads two
+    scores of it (parity/metrics.row_sum_scores): `own`, the output against the rows its own picks
+    select (exact up to the runner's precision), and the output's own name, against fp32's output up to
+    each row's first pick that differs from fp32's. `words` name a table and a pick in reasons."""
+    picks: tuple[str, ...]
+    own: str
+    words: tuple[str, str] = ("table", "pick")
+
+
+@dataclass(frozen=True)
 class Component:
     """One graph of a recipe: its name, I/O and gates. The nn.Module comes from the recipe's loader."""
     name: str
@@ -169,6 +183,12 @@ class Component:
     # {integer output: float output of per-element decision margins}: disagreements where the
     # fp32 decision was a near tie are excused (parity/metrics.py, TIE_MARGIN).
     tie_margins: Mapping[str, str] = field(default_factory=dict)
+    # {float output: RowSum}: outputs that sum table rows picked by integer tensors (a summed codebook
+    # embedding); gated against the rows of the build's own picks too (list RowSum.own in gated_outputs).
+    row_sums: Mapping[str, RowSum] = field(default_factory=dict)
+    # Held-out samples the slow runners (the HTP simulator) score of this graph once it is past
+    # jobs/component.py HEAVY_BYTES of weights (0: SLOW_SAMPLES); --sim-samples overrides.
+    sim_samples: int = 0
     # Outputs that are audio, with their sample rate in Hz: the report keeps one held-out clip
     # per build as a WAV (fp32 and every build) and draws its waveform and spectrogram.
     audio_outputs: Mapping[str, int] = field(default_factory=dict)
@@ -298,6 +318,8 @@ class Graph:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     logits: tuple[str, ...] = ()            # outputs that also get top-1 agreement
+    # {output: its tables, one per pick} for the component's row_sums (fp32 arrays, the checkpoint's)
+    row_tables: Mapping[str, tuple] = field(default_factory=dict)
 
 
 @dataclass
@@ -420,6 +442,7 @@ class OutputScore:
     agreement: float | None = None  # integer outputs: fraction of elements equal (tie-aware if declared)
     agreement_raw: float | None = None  # ... counting every flip, near ties included
     ties: int | None = None       # flips excused because fp32's decision was a near tie
+    against: str | None = None    # what it was compared with when not fp32's output as is (RowSum)
 
     def to_json(self) -> dict:
         d = {"name": self.name, "snr_db": _round(self.snr_db), "psnr_db": _round(self.psnr_db),
@@ -431,6 +454,8 @@ class OutputScore:
         if self.agreement_raw is not None:
             d["agreement_raw"] = round(self.agreement_raw, 6)
             d["ties"] = self.ties
+        if self.against is not None:
+            d["against"] = self.against
         return d
 
 

@@ -130,8 +130,8 @@ class Build:
     def gate(self, component, precision) -> float:
         return record.gate(self.opts, component, precision)
 
-    def slow_samples(self, weight_bytes: int, heldout: int):
-        return record.slow_samples(self.opts, weight_bytes, heldout)
+    def slow_samples(self, weight_bytes: int, heldout: int, heavy: int = 0):
+        return record.slow_samples(self.opts, weight_bytes, heldout, heavy)
 
     def lowering_options(self, component: str) -> dict:
         kw = record.lowering_options(self.opts, component)

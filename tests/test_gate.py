@@ -58,3 +58,22 @@ def test_the_top1_gate_of_a_precision_is_read_from_the_recipe_or_the_manifest_re
     assert top1_gate({Precision.W4A16: 0.9}, Precision.W4A16) == 0.9        # Component.top1_min
     assert top1_gate({"w4a16": 0.9}, "w4a16") == 0.9                         # the manifest's record
     assert top1_gate({"w4a16": 0.9}, "w8a16") is None and top1_gate({}, "w4a16") is None
+
+
+def test_reasons_give_raw_agreement_excused_rows_and_what_a_score_was_against():
+    """The fused frame's verdict: codes agreement with its raw value and the rows excused at a near
+    tie, beside the dB of its gated embedding; a failing embedding score says what it was against."""
+    codes = OutputScore("codes", None, None, 0.0, agreement=1.0, agreement_raw=0.733, ties=1)
+    emb = OutputScore("embedding", 61.0, 70.0, 0.01, against="fp32 up to the first code that differs from fp32's")
+    own = lambda db: OutputScore("embedding_own_codes", db, db + 9, 0.01,  # noqa: E731
+                                 against="the sum of the codebook rows its own codes select")
+    gated = ("codes", "embedding", "embedding_own_codes")
+    v = judge([codes, emb, own(60.0)], 40.0, gated, agreement_min=0.99)
+    assert v.accepted and v.reason == ("min 60.0 dB >= gate 40 dB; 'codes' agreement 100.0% "
+                                       "(raw 73.3%, 1 row excused at a near tie) >= 99%")
+    v = judge([codes, emb, own(12.0)], 40.0, gated, agreement_min=0.99)
+    assert not v.accepted and v.reason == ("output 'embedding_own_codes' against the sum of the codebook rows its "
+                                           "own codes select, 12.0 dB < gate 40 dB")
+    flips = OutputScore("codes", None, None, 0.0, agreement=0.9, agreement_raw=0.8, ties=2)
+    v = judge([flips, emb, own(60.0)], 40.0, gated, agreement_min=0.99)
+    assert v.reason == "output 'codes' agrees with fp32 on 90.0% (raw 80.0%, 2 rows excused at a near tie) < 99% of elements"

@@ -62,3 +62,52 @@ def test_shape_mismatch_raises():
     acc = Accumulator("w")
     with pytest.raises(ValueError):
         acc.add(np.ones(3), np.ones(4))
+
+
+def _frame(tables, code0, codes, scale=1.0):
+    """A fused frame's outputs for picks [code0, *codes]: codes and their summed codebook rows."""
+    from omni_export.parity.metrics import row_sum
+
+    picks = np.array([[code0, *codes]])
+    return {"codes": np.array([codes], dtype=np.int32),
+            "embedding": (scale * row_sum(tables, picks)).astype(np.float32).reshape(1, 1, -1)}
+
+
+def _row_sum_scores(refs, outs, code0, tables):
+    from omni_export.core import RowSum
+
+    rs = {"embedding": RowSum(("code0", "codes"), own="embedding_own_codes", words=("codebook", "code"))}
+    ins = [{"code0": np.array([[c]], dtype=np.int32)} for c in code0]
+    scored = score_outputs(["codes", "embedding"], refs, outs, row_sums=rs, inputs=ins, tables=tables)
+    return {s.name: s for s in scored}
+
+
+def test_a_summed_embedding_is_scored_against_its_own_codes_rows_and_fp32_up_to_the_first_flip():
+    """RowSum: an embedding exact for the build's own codes passes both scores though its codes went
+    another way after the first pick (raw against fp32 it would be far off); one that fp32 gets
+    equally wrong (a graph bug, fp32 included) fails its own-codes score while matching fp32."""
+    rng = np.random.default_rng(0)
+    tables = {"embedding": tuple(rng.normal(size=(8, 6)).astype(np.float32) for _ in range(4))}
+    t = tables["embedding"]
+    refs = [_frame(t, 1, [2, 3, 4]), _frame(t, 5, [6, 7, 0])]
+    flipped = [_frame(t, 1, [2, 5, 5]), _frame(t, 5, [6, 7, 0])]          # sample 0 flips at its 2nd code
+    s = _row_sum_scores(refs, flipped, [1, 5], tables)
+    assert s["embedding"].snr_db > 100 and s["embedding_own_codes"].snr_db > 100
+    assert "first code that differs" in s["embedding"].against and "own codes" in s["embedding_own_codes"].against
+    assert score_outputs(["embedding"], refs, flipped)[0].snr_db < 10      # raw: the frame went another way
+    broken = [_frame(t, 1, [2, 3, 4], 1.05), _frame(t, 5, [6, 7, 0], 1.05)]  # a scaled table, fp32 too
+    s = _row_sum_scores(broken, broken, [1, 5], tables)
+    assert s["embedding"].snr_db == math.inf and s["embedding_own_codes"].snr_db < 30
+    assert s["codes"].agreement == 1.0                                      # codes intact
+
+
+def test_without_its_tables_a_summed_embedding_compares_only_rows_whose_codes_agree():
+    """Device outputs (AI Hub) are scored without the checkpoint: the embedding against fp32 on the
+    frames whose codes all agree, and no own-codes score."""
+    rng = np.random.default_rng(1)
+    t = tuple(rng.normal(size=(8, 6)).astype(np.float32) for _ in range(4))
+    refs = [_frame(t, 1, [2, 3, 4]), _frame(t, 5, [6, 7, 0])]
+    outs = [_frame(t, 1, [2, 5, 5], 3.0), _frame(t, 5, [6, 7, 0])]         # the flipped frame is left out
+    s = _row_sum_scores(refs, outs, [1, 5], {})
+    assert "embedding_own_codes" not in s and s["embedding"].snr_db == math.inf
+    assert "not at hand" in s["embedding"].against

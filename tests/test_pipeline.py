@@ -563,6 +563,28 @@ def test_slow_runners_score_a_spread_subset_only_of_heavy_graphs():
     assert _slow_samples(opts, 10, 12) == [0, 6, 11]                           # the flag applies to any graph
     opts.sim_samples = 0
     assert _slow_samples(opts, HEAVY_BYTES, 12) is None                        # 0: all
+    # a component may ask for more (the fused frame: nothing else runs it on the HTP at real sizes)
+    opts.sim_samples = None
+    frame = get_recipe("qwen3-tts").component("predictor_frame")
+    assert frame.sim_samples == 4 and _slow_samples(opts, HEAVY_BYTES, 12, frame.sim_samples) == [0, 4, 7, 11]
+    assert _slow_samples(opts, HEAVY_BYTES - 1, 12, frame.sim_samples) is None
+
+
+def test_the_simulator_scores_the_samples_ort_scored_worst_a_flipped_code_first():
+    """Per held-out sample, the ONNX build's lowest gated agreement, then its lowest gated SNR: the
+    samples a slow runner scores are the first of these in order (issue 33's rule, agreement first)."""
+    from omni_export.core import OutputScore, Verdict
+    from omni_export.jobs.component import _sample_key
+
+    def key(agree, db):
+        return _sample_key(Verdict(True, 40.0, "", (OutputScore("codes", None, None, 0.0, agreement=agree),
+                                                      OutputScore("embedding", db, db, 0.0),
+                                                      OutputScore("margins", 1.0, 1.0, 0.0))),
+                           ("codes", "embedding"))
+
+    per = [key(1.0, 60.0), key(0.9, 70.0), key(1.0, 45.0), key(1.0, 80.0)]
+    assert per[1] == (0.9, 70.0)                                                # margins are not gated
+    assert sorted(range(4), key=lambda k: per[k])[:2] == [1, 2]
 
 
 def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):

@@ -44,6 +44,61 @@ def test_fused_frame_codes_are_scored_by_tie_aware_agreement(build):
     assert set(read_manifest(out)["components"]["predictor_frame"]["limits"]) == {"subtalker_top_k", "subtalker_top_p"}
 
 
+def test_the_fused_frames_embedding_is_gated_against_its_own_codes_and_fp32(build):
+    """The frame's summed embedding (the next talker input) is gated, not only its codes: against the
+    codebook sum of the build's own codes and fp32's up to the first differing code (issue 37)."""
+    _, out = build
+    m = read_manifest(out)
+    assert m["components"]["predictor_frame"]["gated_outputs"] == ["codes", "embedding", "embedding_own_codes"]
+    for fmt in ("onnx", "ctx"):
+        b = builds_by(m)[("predictor_frame", fmt, "fp16")]
+        outs = {o["name"]: o for o in b["parity"]["outputs"]}
+        assert outs["embedding_own_codes"]["snr_db"] >= 40 and outs["embedding"]["snr_db"] >= 40, outs
+        assert outs["embedding_own_codes"]["against"] == "the sum of the codebook rows its own codes select"
+        if b["status"] == "accepted":
+            assert "dB >= gate 40 dB; 'codes' agreement" in b["parity"]["reason"], b["parity"]["reason"]
+    assert builds_by(m)[("predictor_frame", "onnx", "fp16")]["status"] == "accepted"
+
+
+def test_a_frame_whose_embedding_is_broken_with_its_codes_intact_is_rejected_naming_it(build, tmp_path, monkeypatch):
+    """The frame graph reads the last code's codebook row one row off (a wrong offset) in its summed
+    embedding only: codes and their agreement are intact and fp32's graph is just as wrong, so only the
+    own-codes score (the checkpoint's codebook rows) can see it. The build is rejected naming it. Only
+    the frame's fp32 ONNX is built, in this process, on the inputs `build` captured (its options)."""
+    from click.testing import CliRunner
+
+    from omni_export import trace
+    from omni_export.cli import main
+    from omni_export.recipes.qwen3_tts import talker
+
+    forward, traced, broken = talker.PredictorFrame.forward, trace.trace, []
+
+    def off_by_one(self, past_hidden, code0, noise):
+        codes, embedding, margins = forward(self, past_hidden, code0, noise)
+        if not broken:
+            return codes, embedding, margins
+        last, core = codes[:, -1:].long(), self.core
+        return codes, embedding + core.embed(15, (last + 1) % core.vocab) - core.embed(15, last), margins
+
+    def trace_broken(*args, **kw):      # the graph from its fp32 trace on; its inputs captured by the real pipeline
+        broken.append(True)
+        return traced(*args, **kw)
+
+    monkeypatch.setattr(talker.PredictorFrame, "forward", off_by_one)
+    monkeypatch.setattr(trace, "trace", trace_broken)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["qwen3-tts", "--target", "cpu", "--out", str(out), "--components", "predictor_frame",
+                                  "--formats", "onnx", "--precision", "fp32", "--e2e-frames", "4", *GEOMETRY,
+                                  "--no-attribution", "-q"], catch_exceptions=False)
+    assert r.exit_code == 3, r.output[-2000:]
+    b = builds_by(read_manifest(out))[("predictor_frame", "onnx", "fp32")]
+    outs = {o["name"]: o for o in b["parity"]["outputs"]}
+    assert broken and b["status"] == "rejected" and outs["codes"]["agreement_raw"] == 1.0
+    assert outs["embedding"]["snr_db"] == "inf"                  # fp32's graph is as wrong: no fp32 check sees it
+    assert b["parity"]["reason"].startswith("output 'embedding_own_codes' against the sum of the codebook rows its "
+                                            "own codes select, "), b["parity"]["reason"]
+
+
 def test_the_report_shows_the_fused_frames_codes_agreement_in_a_browser(build):
     """The fused frame's codes have no SNR: its row was drawn red as NaN/Inf while accepted (issue 37).
     In Chromium every row has its manifest verdict's colour and the frame's rows give agreement %."""

@@ -358,9 +358,10 @@ def test_build_json_scores_what_the_gate_read():
         {"name": "margins", "snr_db": 3.6, "psnr_db": 9.0, "finite": True}]
     j = _json_build(m, m["builds"][0])
     assert (j["component"], j["format"], j["precision"], j["status"]) == (comp, "ctx", "fp16", "accepted")
-    assert j["snr_db"] is None and j["agreement"] == 1.0
+    assert j["snr_db"] is None and j["agreement"] == 1.0 and j["gated_outputs"] == ["codes"]   # labelled
     m["components"][comp]["gated_outputs"] = []                       # every output gated
-    assert _json_build(m, m["builds"][0])["snr_db"] == 3.6
+    j = _json_build(m, m["builds"][0])
+    assert j["snr_db"] == 3.6 and j["gated_outputs"] == ["codes", "margins"]
 
 
 def test_every_row_says_what_its_verdict_rests_on():

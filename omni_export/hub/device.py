@@ -38,14 +38,17 @@ def per_sample(entries: dict, names: list[str], count: int) -> tuple[list[dict],
 
 
 def score(component, info: dict, refs: list[dict], outs: list[dict], threshold: float,
-          precision: str | None = None) -> dict:
+          precision: str | None = None, inputs: list[dict] | None = None) -> dict:
     """The verdict dict (same shape as a local build's "parity", runner added by the caller); `precision`
-    picks the component's top-1 gate for logits (Component.top1_min), when it has one."""
+    picks the component's top-1 gate for logits (Component.top1_min), when it has one. A summed
+    embedding (Component.row_sums) is compared with fp32's on the rows whose codes all agree: the
+    codebook tables are the checkpoint's, not at hand here, so its own-codes score is the local build's."""
     from ..parity.gate import judge, top1_gate
     from ..parity.metrics import score_outputs
 
     names = [o["name"] for o in info["outputs"]]
-    scores = score_outputs(names, refs, outs, component.logits, dict(component.tie_margins))
+    scores = score_outputs(names, refs, outs, component.logits, dict(component.tie_margins),
+                           component.row_sums, inputs)
     v = judge(scores, threshold, tuple(info.get("gated_outputs") or component.gated_outputs),
               agreement_min=info.get("agreement_min", component.agreement_min),
               top1_min=top1_gate(info.get("top1_min"), precision) if precision else None)

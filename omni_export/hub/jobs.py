@@ -419,5 +419,5 @@ def score_device(ctx, component: str, entries, threshold: float, runner: dict, k
                 "reason": f"device outputs unusable: {e}"}
     if keep is not None:
         keep(outs)
-    parity = dev.score(ctx.recipe.component(component), info, refs, outs, threshold, precision)
+    parity = dev.score(ctx.recipe.component(component), info, refs, outs, threshold, precision, inputs)
     return {"runner": runner, **parity, "outputs_matched": how}

@@ -27,7 +27,8 @@ MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
 # Graphs past HEAVY_BYTES of weights (real-size language models) are scored on SLOW_SAMPLES
 # held-out samples on the slow runners -- the HTP simulator (a 0.6B talker step: 44 s at fp16 alone)
-# and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them elsewhere. --sim-samples overrides.
+# and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them elsewhere; a component may ask
+# for more (Component.sim_samples: the fused predictor frame, 4). --sim-samples overrides.
 HEAVY_BYTES = 256 << 20
 SLOW_SAMPLES = 2
 ONNX_FORMATS = (Format.ONNX, Format.DLC, Format.CTX)
@@ -54,7 +55,8 @@ class ComponentJobs:
         self.timings: dict = {}
         self.slow: list[int] | None = None
         self._lowered: dict[int, dict] = {}
-        self.per_sample: dict[str, list[float]] = {}      # precision -> its ONNX build's SNR per held-out sample
+        self.per_sample: dict[str, list[tuple]] = {}      # precision -> its ONNX build's (agreement, SNR) per held-out sample
+        self.row_tables: dict = {}                        # output -> its tables (Component.row_sums; driver only)
         self.repair: dict[str, dict] = {}                 # precision -> precision repair's search (jobs/repair.py)
         self.sensitivity: dict[str, list] = {}            # precision -> per-block sensitivity rows (repair's ranking)
 
@@ -191,7 +193,7 @@ class ComponentJobs:
         counts = work.write_inputs(self.work / "inputs", traced)
         audio = [{k: r[k] for k in self.component.audio_outputs} for r in traced.reference]
         cc = getattr(model, "capture_cache", None)
-        return {"inputs": [s.to_json() for s in traced.inputs], "outputs": [s.to_json() for s in traced.outputs],
+        return {"row_tables": dict(graph.row_tables), "inputs": [s.to_json() for s in traced.inputs], "outputs": [s.to_json() for s in traced.outputs],
                 "calibration": {"source": traced.calibration_source, "count": len(traced.calibration),
                                 "sha256": hash_arrays(traced.calibration)},
                 "heldout": {"source": traced.heldout_source, "count": len(traced.heldout),
@@ -211,6 +213,7 @@ class ComponentJobs:
             return
         self._line(job)
         info = self.info = job.result
+        self.row_tables = info.pop("row_tables", {})
         self.timings["trace_s"] = round(job.ended - job.started, 3)
         self.run.note_capture(info["capture"])
         rec = self.run.store.put_bytes(f"parity-inputs/{self.name}.npz", info.pop("parity_npz"))
@@ -219,7 +222,7 @@ class ComponentJobs:
                                           self.component.audio_outputs)
         wb = info["weight_bytes"]
         heavy = wb >= HEAVY_BYTES
-        self.slow = self.run.slow_samples(wb, info["heldout"]["count"])
+        self.slow = self.run.slow_samples(wb, info["heldout"]["count"], self.component.sim_samples)
         if self.slow is not None:
             self._worst_first()
             self.run.progress.note(f"{self.name}: {wb / 2**30:.2f} GiB of weights: the HTP simulator and portable "
@@ -281,7 +284,8 @@ class ComponentJobs:
         if self.slow is None or not per or len(per) <= len(self.slow):
             return self.slow, "evenly spread"
         worst = sorted(range(len(per)), key=lambda k: per[k])[:len(self.slow)]
-        return sorted(worst), "the lowest SNR of the ONNX build on ORT CPU"
+        return sorted(worst), ("the lowest agreement, then SNR, of the ONNX build on ORT CPU"
+                               if any(a is not None for a, _ in per) else "the lowest SNR of the ONNX build on ORT CPU")
 
     # ------------------------------------------------------------------------------------ lower
     def _bind_lower(self, jobs, i: int, src: str):
@@ -343,10 +347,7 @@ class ComponentJobs:
 
     def _scored(self, job: Job, i: int) -> None:
         from ..artifacts.samples import keep_audio
-        from ..parity.gate import judge, top1_gate
-        from ..parity.metrics import score_outputs
         from ..parity.runners import proxy_verdict
-        from .work import _mapped
 
         spec = self.builds[i]
         if self.entries[i] is not None:           # lowering failed: already recorded
@@ -383,12 +384,8 @@ class ComponentJobs:
             self._close(job)
             return
         outputs = job.result
-        refs = list(_mapped(self.ref, "reference", self.info["output_names"]))
-        reference = refs if samples is None else [refs[k] for k in samples]
-        scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
-                               self.component.tie_margins)
-        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min,
-                        top1_min=top1_gate(self.component.top1_min, spec.precision))
+        reference, ins = self._heldout(samples)
+        verdict = self._judge(spec.precision, reference, ins, outputs)
         text = _headline(verdict, self.component.gated_outputs) + (" — shares the ctx's run" if shared else "")
         self._line(job, text, failed=not verdict.accepted, seconds=None if shared else getattr(outputs, "wall_s", None))
         records = self.run.store.commit(built.files, verdict.accepted)
@@ -400,12 +397,16 @@ class ComponentJobs:
             parity["proxy"] = proxy
         if samples is not None:
             how = self._lowered[i].get("chosen") or "evenly spread"
-            parity["samples_note"] = (f"{len(reference)} of {len(refs)} held-out samples (indices {samples}, {how}): "
+            parity["samples_note"] = (f"{len(reference)} of {self.info['heldout']['count']} held-out samples (indices {samples}, {how}): "
                                       f"a slow runner on a graph past {HEAVY_BYTES >> 20} MB of weights (--sim-samples)")
         if spec.format == Format.ONNX and samples is None and self.slow is not None:
-            per = self.per_sample[spec.precision.value] = _per_sample_snr(
-                self.info["output_names"], reference, outputs, self.component.gated_outputs)
-            parity["per_sample_snr_db"] = [round(x, 3) if abs(x) != float("inf") else None for x in per]
+            per = self.per_sample[spec.precision.value] = [
+                _sample_key(self._judge(spec.precision, [r], None if ins is None else [ins[k]], [o]),
+                            self.component.gated_outputs)
+                for k, (r, o) in enumerate(zip(reference, outputs))]
+            parity["per_sample_snr_db"] = [round(x, 3) if abs(x) != float("inf") else None for _, x in per]
+            if any(a is not None for a, _ in per):
+                parity["per_sample_agreement"] = [None if a is None else round(a, 6) for a, _ in per]
         entry.update({
             "status": verdict.status,
             "files": [r.to_json() for r in records],
@@ -418,6 +419,30 @@ class ComponentJobs:
         })
         self.entries[i] = entry
         self._close(job)
+
+    def _heldout(self, samples: list[int] | None) -> tuple[list[dict], list[dict] | None]:
+        """The fp32 references of held-out samples `samples` (None: all), and their inputs when the
+        component's row sums need them (RowSum.picks may be inputs)."""
+        from .work import _mapped
+
+        refs = list(_mapped(self.ref, "reference", self.info["output_names"]))
+        ins = list(_mapped(self.ref, "heldout", self.info["input_names"])) if self.component.row_sums else None
+        if samples is None:
+            return refs, ins
+        return [refs[k] for k in samples], None if ins is None else [ins[k] for k in samples]
+
+    def _judge(self, precision: Precision, refs: list[dict], ins: list[dict] | None, outputs: list[dict],
+               top1: bool = True):
+        """The gate's verdict on a build's outputs: scored against the fp32 references `refs`, the
+        component's row sums also against their tables (the checkpoint's, kept from the trace)."""
+        from ..parity.gate import judge, top1_gate
+        from ..parity.metrics import score_outputs
+
+        c = self.component
+        scores = score_outputs(self.info["output_names"], refs, outputs, self.info["logits"], c.tie_margins,
+                               c.row_sums, ins, self.row_tables)
+        return judge(scores, self.thresholds[precision], c.gated_outputs, agreement_min=c.agreement_min,
+                     top1_min=top1_gate(c.top1_min, precision) if top1 else None)
 
     # ------------------------------------------------------------------------------------ attribution
     def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None) -> None:
@@ -557,15 +582,11 @@ class ComponentJobs:
                       fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
 
     def _repair_stepped(self, job: Job, p: Precision, k: int) -> None:
-        from ..parity.gate import judge
-        from ..parity.metrics import score_outputs
         from . import repair as rp
-        from .work import _mapped
 
         search = self.repair[p.value]
         names = search["order"][:k]
         row = {"step": k, "kept_float": names, "seconds": round((job.ended or 0) - (job.started or 0), 3)}
-        threshold = self.thresholds[p]
         if job.error is not None:
             row.update({"snr_db": None, "error": short(job.error)})
             search["steps"].append(row)
@@ -575,17 +596,12 @@ class ComponentJobs:
             return
         result = job.result
         outputs = result.pop("outputs")
-        refs = list(_mapped(self.ref, "reference", self.info["output_names"]))
-        indices = search.get("_indices")
-        reference = refs if indices is None else [refs[i] for i in indices]
-        scores = score_outputs(self.info["output_names"], reference, outputs, self.info["logits"],
-                               self.component.tie_margins)
-        verdict = judge(scores, threshold, self.component.gated_outputs, agreement_min=self.component.agreement_min)
+        verdict = self._judge(p, *self._heldout(search.get("_indices")), outputs, top1=False)
         from ..parity.scores import min_snr_db
 
         db = min_snr_db([s.to_json() for s in verdict.scores], self.component.gated_outputs)
         row.update({"snr_db": None if db is None else round(db, 3), "verdict": verdict.status,
-                    "reason": verdict.reason, "samples": len(reference),
+                    "reason": verdict.reason, "samples": len(outputs),
                     "integer_share": rp.integer_share(result.get("weight_bits") or {}),
                     "weight_bits": result.get("weight_bits"), "kept_nodes": result.get("kept_nodes")})
         search["steps"].append(row)
@@ -688,6 +704,8 @@ class ComponentJobs:
             "agreement_min": c.agreement_min,
             **({"top1_min": {p.value: v for p, v in c.top1_min.items()}} if c.top1_min else {}),
             "tie_margins": dict(c.tie_margins),
+            **({"row_sums": {o: {"picks": list(r.picks), "own": r.own} for o, r in c.row_sums.items()}}
+               if c.row_sums else {}),
             **({"limits": dict(c.limits)} if c.limits else {}),
             "parity_inputs": info.get("parity_inputs"),
             **kept,
@@ -751,16 +769,13 @@ class ComponentJobs:
         self.run.progress.job_finished(label or job.label, note)
 
 
-def _per_sample_snr(names, refs, outs, gated) -> list[float]:
-    """Per held-out sample: the lowest SNR over the gated float outputs (agreement outputs skipped)."""
-    from ..parity.metrics import score_outputs
-
-    out = []
-    for r, o in zip(refs, outs):
-        snrs = [s.snr_db if s.finite else float("-inf") for s in score_outputs(names, [r], [o])
-                if s.agreement is None and (not gated or s.name in gated)]
-        out.append(min(snrs) if snrs else float("inf"))
-    return out
+def _sample_key(verdict, gated) -> tuple:
+    """One held-out sample's verdict as (lowest gated agreement or None, lowest gated SNR): sorted,
+    the samples a build scored worst come first (a flipped decision before any SNR)."""
+    mine = [s for s in verdict.scores if not gated or s.name in gated]
+    agree = [s.agreement for s in mine if s.agreement is not None]
+    snrs = [s.snr_db if s.finite else float("-inf") for s in mine if s.agreement is None]
+    return (min(agree) if agree else None, min(snrs) if snrs else float("inf"))
 
 
 def _shared_outputs(outputs):

@@ -15,11 +15,12 @@ def gate(opts: RunOptions, component, precision: Precision) -> float:
     return float(opts.gates.get(precision.base, component.gate_db(precision)))
 
 
-def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int) -> list[int] | None:
-    """Indices of the held-out samples slow runners score (evenly spread); None: all of them."""
+def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int, heavy: int = 0) -> list[int] | None:
+    """Indices of the held-out samples slow runners score (evenly spread); None: all of them. `heavy`:
+    how many of a graph past HEAVY_BYTES (its Component.sim_samples; 0: SLOW_SAMPLES)."""
     n = opts.sim_samples
     if n is None:
-        n = SLOW_SAMPLES if weight_bytes >= HEAVY_BYTES else 0
+        n = (heavy or SLOW_SAMPLES) if weight_bytes >= HEAVY_BYTES else 0
     if n <= 0 or n >= heldout:
         return None
     return sorted({round(i * (heldout - 1) / max(1, n - 1)) for i in range(n)})

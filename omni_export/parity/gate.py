@@ -48,23 +48,23 @@ def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[st
         return Verdict(False, threshold_db, "no outputs were scored", tuple(scores))
     for s in considered:
         if s.agreement is not None and s.agreement < agreement_min:
-            return Verdict(False, threshold_db, f"output '{s.name}' agrees with fp32 on {100 * s.agreement:.1f}% "
-                                                f"< {100 * agreement_min:.0f}% of elements", tuple(scores))
+            return Verdict(False, threshold_db, f"output '{s.name}' agrees with fp32 on {100 * s.agreement:.1f}%"
+                                                f"{_excused(s)} < {100 * agreement_min:.0f}% of elements", tuple(scores))
     ints = [s for s in considered if s.agreement is not None]
+    agreed = "; ".join(f"'{s.name}' agreement {100 * s.agreement:.1f}%{_excused(s)} >= {100 * agreement_min:.0f}%"
+                       for s in ints)
     considered = [s for s in considered if s.agreement is None]
     if not considered:
-        worst = min(ints, key=lambda s: s.agreement)
-        return Verdict(True, threshold_db, f"'{worst.name}' agreement {100 * worst.agreement:.1f}% "
-                                           f">= {100 * agreement_min:.0f}%", tuple(scores))
+        return Verdict(True, threshold_db, agreed, tuple(scores))
     bad = [s for s in considered if not s.finite]
     if bad:
         where = _worst_block(attribution, nonfinite=True)
-        reason = f"output '{bad[0].name}' has NaN/Inf" + (f"; first non-finite block: {where}" if where else "")
+        reason = f"output '{bad[0].name}'{_against(bad[0])} has NaN/Inf" + (f"; first non-finite block: {where}" if where else "")
         return Verdict(False, threshold_db, reason, tuple(scores))
     low = [s for s in considered if s.snr_db < threshold_db]
     if low:
         worst = min(low, key=lambda s: s.snr_db)
-        reason = f"output '{worst.name}' {worst.snr_db:.1f} dB < gate {threshold_db:.0f} dB"
+        reason = f"output '{worst.name}'{_against(worst)} {worst.snr_db:.1f} dB < gate {threshold_db:.0f} dB"
         where = _worst_block(attribution)
         if where:
             reason += f"; lowest block: {where}"
@@ -79,7 +79,21 @@ def judge(scores: Sequence[OutputScore], threshold_db: float, gated: Sequence[st
     if picks:
         low = min(picks, key=lambda s: s.top1)
         reason += f"; '{low.name}' top-1 {100 * low.top1:.1f}% >= {100 * top1_min:.0f}%"
+    if agreed:
+        reason += f"; {agreed}"
     return Verdict(True, threshold_db, reason, tuple(scores))
+
+
+def _excused(s: OutputScore) -> str:
+    """An agreement's raw value and the rows excused at a near tie, when any were (metrics.tie_aware)."""
+    if not s.ties or s.agreement_raw is None:
+        return ""
+    return f" (raw {100 * s.agreement_raw:.1f}%, {s.ties} row{'s' if s.ties != 1 else ''} excused at a near tie)"
+
+
+def _against(s: OutputScore) -> str:
+    """What a score was compared with, when not fp32's output as is (a RowSum's scores)."""
+    return f" against {s.against}," if s.against else ""
 
 
 def _worst_block(attribution: Sequence[dict], nonfinite: bool = False) -> str | None:

@@ -7,7 +7,8 @@ Both accumulate over every held-out sample of an output before taking the ratio.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -131,8 +132,11 @@ def tie_aware(refs: Sequence[np.ndarray], outs: Sequence[np.ndarray], margins: S
 
 
 def score_outputs(names: Sequence[str], refs: Sequence[dict], outs: Sequence[dict],
-                  logits: Sequence[str] = (), tie_margins: dict | None = None) -> list[OutputScore]:
-    """Score every named output over paired lists of reference/output dicts."""
+                  logits: Sequence[str] = (), tie_margins: dict | None = None, row_sums: Mapping | None = None,
+                  inputs: Sequence[dict] | None = None, tables: Mapping | None = None) -> list[OutputScore]:
+    """Score every named output over paired lists of reference/output dicts. With `row_sums`
+    ({output: RowSum}) and the held-out `inputs` they were run on, those outputs are scored by
+    row_sum_scores on `tables` ({output: its tables}; missing: fp32 on the rows whose picks agree)."""
     accs = {n: Accumulator(n, n in logits) for n in names}
     for ref, out in zip(refs, outs, strict=True):
         for n in names:
@@ -143,4 +147,63 @@ def score_outputs(names: Sequence[str], refs: Sequence[dict], outs: Sequence[dic
         if s.agreement is not None and margin:
             agree, ties = tie_aware([r[s.name] for r in refs], [o[s.name] for o in outs], [r[margin] for r in refs])
             scores[i] = OutputScore(s.name, None, None, 0.0, agreement=agree, agreement_raw=s.agreement, ties=ties)
+    if inputs is None:
+        return scores
+    for name, rs in (row_sums or {}).items():
+        if name in names:
+            i = [s.name for s in scores].index(name)
+            scores[i:i + 1] = row_sum_scores(name, rs, (tables or {}).get(name), inputs, refs, outs)
     return scores
+
+
+def row_sum(tables: Sequence[np.ndarray], picks: np.ndarray) -> np.ndarray:
+    """Per row of `picks` [rows, len(tables)]: the sum of tables[g][picks[row, g]] over g, in float64
+    (a pick outside its table is clipped into it: the picks' own agreement gate names it)."""
+    picks = np.asarray(picks, dtype=np.int64).reshape(-1, len(tables))
+    total = np.zeros((picks.shape[0], np.shape(tables[0])[-1]))
+    for g, t in enumerate(tables):
+        total += np.asarray(t)[np.clip(picks[:, g], 0, len(t) - 1)]
+    return total
+
+
+def _picks(names: Sequence[str], *sources: dict) -> np.ndarray:
+    """The picks named by `names` (from the first source holding each) as [rows, picks]."""
+    cols = []
+    for n in names:
+        a = np.asarray(next(src[n] for src in sources if n in src))
+        cols.append(a.reshape(-1, a.shape[-1] if a.ndim else 1))
+    return np.concatenate(cols, axis=1)
+
+
+def row_sum_scores(name: str, rs, tables, inputs: Sequence[dict], refs: Sequence[dict],
+                   outs: Sequence[dict]) -> list[OutputScore]:
+    """Scores of an output that sums table rows picked by integer tensors (a RowSum), per held-out row:
+    `name` against fp32's output up to the first pick that differs from fp32's (both sides less the
+    rows of their own picks from there on), and `rs.own` against the sum of the rows its own picks
+    select (exact up to the runner's precision). Without `tables`: `name` against fp32's on the rows
+    whose picks all agree, and no `rs.own` score."""
+    table, pick = rs.words
+    own, fp32 = Accumulator(rs.own), Accumulator(name)
+    for i, r, o in zip(inputs, refs, outs, strict=True):
+        mine, theirs = _picks(rs.picks, o, i), _picks(rs.picks, r, i)
+        out = np.asarray(o[name], dtype=np.float64).reshape(len(mine), -1)
+        ref = np.asarray(r[name], dtype=np.float64).reshape(len(theirs), -1)
+        differs = mine != theirs
+        if tables is None:
+            same = ~differs.any(axis=1)
+            if same.any():
+                fp32.add(ref[same], out[same])
+            continue
+        own.add(row_sum(tables, mine), out)
+        first = np.where(differs.any(axis=1), differs.argmax(axis=1), mine.shape[1])
+        for row, k in enumerate(first):
+            if k == len(tables):             # every pick agrees: the outputs compare as they are
+                fp32.add(ref[row], out[row])
+            elif k > 0:                      # (a row differing from its first pick shares nothing)
+                fp32.add(ref[row] - row_sum(tables[k:], theirs[row, k:])[0],
+                         out[row] - row_sum(tables[k:], mine[row, k:])[0])
+    if tables is None:
+        return [replace(fp32.score(), against=f"fp32 on the rows whose {pick}s all equal fp32's "
+                                              f"(the {table} tables were not at hand)")]
+    return [replace(fp32.score(), against=f"fp32 up to the first {pick} that differs from fp32's"),
+            replace(own.score(), against=f"the sum of the {table} rows its own {pick}s select")]

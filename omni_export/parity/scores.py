@@ -35,11 +35,13 @@ def as_json_db(x: float) -> float | str:
 def score_from_json(d: dict) -> OutputScore:
     """A recorded per-output score; a NaN SNR counts as non-finite so it can never pass a gate."""
     if d.get("agreement") is not None:          # an integer output (codes): scored by agreement
-        return OutputScore(d["name"], None, None, 0.0, agreement=float(d["agreement"]))
+        raw = d.get("agreement_raw")
+        return OutputScore(d["name"], None, None, 0.0, agreement=float(d["agreement"]),
+                           agreement_raw=None if raw is None else float(raw), ties=d.get("ties"))
     snr = num(d.get("snr_db"))
     finite = bool(d.get("finite", True)) and not math.isnan(snr)
     return OutputScore(d["name"], snr, num(d.get("psnr_db")), num(d.get("max_abs_err", math.nan)),
-                       finite=finite, top1=d.get("top1"))
+                       finite=finite, top1=d.get("top1"), against=d.get("against"))
 
 
 def gated(outputs: Sequence[dict], names: Sequence[str]) -> list[dict]:

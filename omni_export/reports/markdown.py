@@ -44,7 +44,7 @@ def summary(m: dict, regated: dict | None = None) -> str:
     lines = [_title(m, rows, regated), "", _provenance(m)]
     if regated:
         lines += ["", _regated_note(regated)]
-    lines += ["", "| component | format | precision | runner | SNR dB | PSNR dB | gate dB | verdict | size |",
+    lines += ["", "| component | format | precision | runner | gated SNR dB | PSNR dB | gate dB | verdict | size |",
               "|---|---|---|---|---:|---:|---:|---|---:|"]
     lines += [_table_row(r) for r in rows]
     lines += [f"\n> ⚠️ {md(c)}" for c in caveats(m, rows)]

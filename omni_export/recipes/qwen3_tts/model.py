@@ -182,7 +182,18 @@ class Qwen3TTS:
         if comp.name.startswith("code2wav"):
             sizes["N"] = self._chunk_of(component)
         return Graph(component, self._module(component).eval(), resolve_specs(comp.inputs, sizes),
-                     resolve_specs(comp.outputs, sizes), comp.logits)
+                     resolve_specs(comp.outputs, sizes), comp.logits, self._row_tables(comp))
+
+    def _row_tables(self, comp) -> dict:
+        """The checkpoint's codebook tables of a summed embedding (RowSum: code0's talker table, then
+        predictor table j for code j + 1), as the host sums them (HostTables.embedding_sum); views of
+        the loaded tensors, no copy."""
+        if "embedding" not in comp.row_sums:
+            return {}
+        q = self.cfg.predictor.num_code_groups
+        return {"embedding": (self.tensors["talker.model.codec_embedding.weight"].numpy(),
+                              *(self.tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"].numpy()
+                                for j in range(q - 1)))}
 
     def _module(self, component: str):
         from . import talker as tk

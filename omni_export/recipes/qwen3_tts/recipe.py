@@ -13,7 +13,7 @@ it reads a few rows of per utterance. The talker's codec table (3072 x Ht) is sm
 on the host (prompt rows) and inside the predictor graphs (code0 and the 15 residual tables), so
 `predictor_frame` returns the summed embedding the next talker step needs in the same call.
 """
-from ...core import Component, LinkGroup, Precision, RealTime, Recipe, RecipeOption, TensorSpec as T
+from ...core import Component, LinkGroup, Precision, RealTime, Recipe, RecipeOption, RowSum, TensorSpec as T
 
 F32, I32 = "float32", "int32"
 _LM_GATES = {Precision.FP16: 40.0, Precision.W8A16: 30.0, Precision.W8A8: 30.0}
@@ -93,7 +93,16 @@ COMPONENTS = (
         # Codes are discrete: gated on agreement with fp32. A flip where fp32's two best codes were
         # a near tie (margin < 0.05) is not a defect (the frame's later steps then follow another,
         # equally likely, code), so agreement counts frames up to a decided flip; see metrics.py.
-        gates_db=_LM_GATES, gated_outputs=("codes",), agreement_min=0.99, tie_margins={"codes": "margins"},
+        # The embedding is the next talker input: gated in dB against the codebook sum of the build's
+        # own codes (the checkpoint's tables, as the host sums them for the step graphs) and against
+        # fp32's up to the first code that differs (a frame that went another way legitimately).
+        gates_db=_LM_GATES, gated_outputs=("codes", "embedding", "embedding_own_codes"), agreement_min=0.99,
+        tie_margins={"codes": "margins"},
+        row_sums={"embedding": RowSum(("code0", "codes"), own="embedding_own_codes", words=("codebook", "code"))},
+        # At real sizes (past 256 MB) the simulator scores 4 held-out frames, where ORT CPU scored
+        # worst (2 for other graphs): nothing else runs the frame on the HTP there. 0.6B at b0be2a1e:
+        # 39.3 s (fp16) and 188.3 s (w8a16) per sample on the simulator, so 4 double the frame's 457.6 s.
+        sim_samples=4,
         requires=("predictor",),
         # synth checks these (host.frame_cannot_honour) and runs the step graphs instead
         limits={"subtalker_top_k": "traced with top-k 50 (host.FRAME_TOP_K); another top-k needs the step graphs",
