@@ -304,7 +304,8 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
                      help="held-out samples each build scores on the slow runners (the HTP simulator; "
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "
-                          "graphs past 256 MB of weights; 0: all. ORT CPU always scores every held-out sample. "
+                          "graphs past 256 MB of weights (a recipe may ask for more: Qwen3-TTS's fused predictor "
+                          "frame, 4), those the ONNX build scored worst on ORT CPU (else evenly spread); 0: all. ORT CPU always scores every held-out sample. "
                           "Example: --sim-samples 0 to gate a real-size build on every sample"),
         click.Option(["--htp-optimization"], type=click.Choice(list(qnn_ep.FINALIZE_MODES)),
                      default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
