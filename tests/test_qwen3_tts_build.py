@@ -97,6 +97,9 @@ def test_a_frame_whose_embedding_is_broken_with_its_codes_intact_is_rejected_nam
     assert outs["embedding"]["snr_db"] == "inf"                  # fp32's graph is as wrong: no fp32 check sees it
     assert b["parity"]["reason"].startswith("output 'embedding_own_codes' against the sum of the codebook rows its "
                                             "own codes select, "), b["parity"]["reason"]
+    # verify --rescore reruns it without the checkpoint: codes by agreement, the own-codes score as recorded
+    r = CliRunner().invoke(main, ["verify", str(out), "--rescore"], catch_exceptions=False)
+    assert r.exit_code == 0 and "codes agreement 100.0%" in r.output, r.output
 
 
 def test_the_report_shows_the_fused_frames_codes_agreement_in_a_browser(build):

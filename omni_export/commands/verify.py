@@ -76,7 +76,8 @@ def _print(out: Path, manifest, findings, rows, as_json: bool) -> None:
         if r.get("skipped"):
             click.echo(f"rescore    {r['name']} ({r['format']}): skipped, {r['skipped']}")
         elif r.get("outputs"):
-            dbs = ", ".join(f"{n} {db} dB" for n, db in r["outputs"].items())
+            dbs = ", ".join([f"{n} {db} dB" for n, db in r["outputs"].items()]
+                            + [f"{n} agreement {100 * a:.1f}%" for n, a in (r.get("agreement") or {}).items()])
             click.echo(f"rescore    {r['name']} ({r['format']}): {dbs}")
     verdict = "clean" if not findings else f"{len(findings)} finding(s): drift"
     reports = f" and {n_reports} reports" if n_reports else ""

@@ -32,16 +32,20 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
         info, (inputs, refs) = data[b["component"]]
         comp = _component(manifest, b["component"])
         try:
-            scores = _scores(out, b, info, inputs, refs, comp.logits if comp else ())
+            scores = _scores(out, b, info, inputs, refs, comp)
         except Exception as e:  # the artifact no longer loads or runs: that is drift, not a crash
             findings.append(Finding("rescore", b["files"][0]["path"], f"runner failed: {type(e).__name__}: "
                                     f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"))
             row["error"] = True
             continue
         row["outputs"] = {n: round(s.snr_db, 3) if math.isfinite(s.snr_db) else str(s.snr_db)
-                          for n, s in scores.items()}
+                          for n, s in scores.items() if s.agreement is None}
+        agreements = {n: round(s.agreement, 6) for n, s in scores.items() if s.agreement is not None}
+        if agreements:
+            row["agreement"] = agreements
         top1 = top1_gate(manifest["components"].get(b["component"], {}).get("top1_min"), b["precision"])
-        findings += _compare(b, scores, tolerance_db, comp.gated_outputs if comp else (), top1)
+        findings += _compare(b, scores, tolerance_db, comp.gated_outputs if comp else (), top1,
+                             comp.agreement_min if comp else 1.0)
     return findings, rows
 
 
@@ -69,7 +73,9 @@ def _unscorable(b: dict, data: dict) -> str | None:
     return None
 
 
-def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict], logits=()) -> dict:
+def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict], comp=None) -> dict:
+    """The build's outputs scored as the gate scores them (codes by tie-aware agreement; a summed
+    embedding without its codebook tables, which are the checkpoint's: on the frames whose codes agree)."""
     from ..parity.metrics import score_outputs
     from ..parity.runners import RunnerSpec, run_all
 
@@ -78,16 +84,28 @@ def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict]
     names_out = tuple(s["name"] for s in info["outputs"])
     spec = RunnerSpec(r["kind"], str(out / b["files"][0]["path"]), names_in, names_out, dict(r.get("options") or {}))
     outputs = run_all(spec, inputs)
-    return {s.name: s for s in score_outputs(names_out, refs, outputs, logits)}
+    return {s.name: s for s in score_outputs(names_out, refs, outputs, comp.logits if comp else (),
+                                             dict(comp.tie_margins) if comp else None,
+                                             comp.row_sums if comp else None, inputs)}
 
 
-def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...], top1_min: float | None = None) -> list[Finding]:
+def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...], top1_min: float | None = None,
+             agreement_min: float = 1.0) -> list[Finding]:
     from ..parity.gate import judge
+    from ..parity.scores import score_from_json
 
     path = b["files"][0]["path"]
     found = []
     recorded = {o["name"]: o for o in b["parity"].get("outputs", [])}
     for name, s in scores.items():
+        if s.agreement is not None:
+            was = recorded.get(name, {}).get("agreement")
+            if not isinstance(was, (int, float)) or abs(was - s.agreement) > 1e-6:
+                found.append(Finding("score", path, f"output '{name}' agrees with fp32 on {100 * s.agreement:.1f}% "
+                                                    f"now, {was if was is None else f'{100 * was:.1f}%'} recorded"))
+            continue
+        if s.against != recorded.get(name, {}).get("against"):
+            continue               # compared with something else than the build compared it with
         was = _num(recorded.get(name, {}).get("snr_db"))
         now = s.snr_db
         if math.isfinite(was) and math.isfinite(now):
@@ -97,7 +115,11 @@ def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...], top1_min
         if not same:
             found.append(Finding("score", path, f"output '{name}' scores {now:.3f} dB now, {was:.3f} dB recorded "
                                                 f"(tolerance {tol} dB)"))
-    verdict = judge(tuple(scores.values()), float(b["parity"]["threshold_db"]), gated, top1_min=top1_min)
+    # a recorded score rescoring cannot make (a summed embedding against its own codes' codebook rows:
+    # the tables are the checkpoint's) is judged as recorded
+    kept = [score_from_json(o) for n, o in recorded.items() if n not in scores and (not gated or n in gated)]
+    verdict = judge((*scores.values(), *kept), float(b["parity"]["threshold_db"]), gated, top1_min=top1_min,
+                    agreement_min=agreement_min)
     # A build the phone rejected (AI Hub) keeps its local verdict under parity: compare with that.
     recorded = b["parity"].get("verdict") if b.get("rejected_by") == "device" else b.get("status")
     if verdict.status != recorded:
