@@ -166,4 +166,4 @@ def test_lazy_weights_are_file_pages_not_anonymous_memory(tmp_path, monkeypatch)
     assert torch.equal(again, bf.float())
     # off: converted into anonymous memory as before (a mapping of no file; an RssAnon delta is
     # not a fair measure here: the allocator may hand back pages freed a moment ago)
-    assert _mapped_file(again) == ""
+    assert not _mapped_file(again).startswith("/")       # "" or "[heap]": no file behind it
