@@ -282,7 +282,7 @@ class Lowering:
             yield
         except Exception as e:
             from ..artifacts.store import is_disk_full
-            from ..qnn_diagnose import compile_failure
+            from .qnn_diagnose import compile_failure
 
             if is_disk_full(e):
                 raise

@@ -307,7 +307,7 @@ class ComponentJobs:
 
             if is_disk_full(job.error):
                 raise job.error
-            from ..qnn_diagnose import describe, named
+            from ..exporters.qnn_diagnose import describe, named
 
             diagnosis = named(job.error, self.info.get("block_names") or ())   # the node QNN refused
             reason = f"lowering failed: {describe(diagnosis) if diagnosis else short(job.error)}"
@@ -375,7 +375,7 @@ class ComponentJobs:
         samples = self._lowered[i].get("samples")
         t_lower = self._lowered[i]["seconds"]
         if job.error is not None:
-            from ..qnn_diagnose import run_failure
+            from ..exporters.qnn_diagnose import run_failure
 
             error = run_failure(short(job.error), runner.kind)
             self.run.store.commit(built.files, accepted=False)
@@ -683,7 +683,7 @@ class ComponentJobs:
 
     def _finalize(self) -> None:
         entries = [e for e in self.entries if e is not None]
-        from ..qnn_diagnose import precision_notes
+        from ..exporters.qnn_diagnose import precision_notes
 
         precision_notes(entries)        # did the same graph compile at another precision?
         _link_attribution(entries, self.attribution)

@@ -161,7 +161,7 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
               only: str | None = None) -> list[dict]:
     """Per block of a BlockChain: lower it alone at `precision`, feed it the fp32 activations in front
     of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}.
-    `only`: that block alone (the block of the node a QNN compile refused, qnn_diagnose.py)."""
+    `only`: that block alone (the block of the node a QNN compile refused, exporters/qnn_diagnose.py)."""
     from ..core import Precision
     from ..exporters.lower import Lowering
     from ..parity.metrics import score_outputs
