@@ -212,7 +212,7 @@ class Component:
     # Why this graph's deployable form is fp32 (e.g. its output is integrated in float64 on the host, so
     # fp16 rounding drifts): the plan adds its fp32 build on a unit that runs fp32 (the CPU beside an NPU
     # that has none: ONNX -> ONNX Runtime, .pte -> XNNPACK) next to its other builds, and end-to-end
-    # parity and synth run that build for this graph at every precision (recipes/qwen3_tts/graphs.py).
+    # parity and synth run that build for this graph at every precision (runtime/graphs.py).
     fp32_on_cpu: str = ""
     # Bump when a change to this graph's module changes what it computes (its build cache keys;
     # omni_export/numerics.py has the exporters' and the runtime's).

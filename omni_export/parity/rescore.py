@@ -77,7 +77,7 @@ def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict]
     """The build's outputs scored as the gate scores them (codes by tie-aware agreement; a summed
     embedding without its codebook tables, which are the checkpoint's: on the frames whose codes agree)."""
     from ..parity.metrics import score_outputs
-    from ..parity.runners import RunnerSpec, run_all
+    from ..runtime.runners import RunnerSpec, run_all
 
     r = b["parity"]["runner"]
     names_in = tuple(s["name"] for s in info["inputs"])

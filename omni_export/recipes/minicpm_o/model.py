@@ -220,7 +220,7 @@ class MiniCPMO:
 
     def _capture_all(self) -> dict:
         from ...artifacts.manifest import hash_arrays
-        from ..qwen3_tts.graphs import Capture, EagerGraphs
+        from ...runtime.graphs import Capture, EagerGraphs
 
         eager = EagerGraphs(self)
         result = {}

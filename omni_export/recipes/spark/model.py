@@ -141,7 +141,7 @@ class Spark:
     def _capture(self) -> dict:
         import torch
 
-        from ..qwen3_tts.graphs import Capture, EagerGraphs
+        from ...runtime.graphs import Capture, EagerGraphs
 
         threads = torch.get_num_threads()
         if self.cfg.hidden_size <= 256:          # tiny graphs: thread hand-offs cost more than they save
