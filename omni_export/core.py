@@ -479,7 +479,7 @@ class Verdict:
 def strict_json(obj):
     """`obj` with every non-finite float as the manifest's word for it ("inf" / "-inf" / "nan"), so
     json.dumps(..., allow_nan=False) writes strict JSON (bare Infinity / NaN is not JSON: jq and
-    JSON.parse reject it). parity.scores.num reads the words back."""
+    JSON.parse reject it). artifacts.scores.num reads the words back."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):

@@ -597,7 +597,7 @@ class ComponentJobs:
         result = job.result
         outputs = result.pop("outputs")
         verdict = self._judge(p, *self._heldout(search.get("_indices")), outputs, top1=False)
-        from ..parity.scores import min_snr_db
+        from ..artifacts.scores import min_snr_db
 
         db = min_snr_db([s.to_json() for s in verdict.scores], self.component.gated_outputs)
         row.update({"snr_db": None if db is None else round(db, 3), "verdict": verdict.status,
@@ -713,6 +713,7 @@ class ComponentJobs:
             "attribution": self.attribution,
             **({"repair": self._repair_record(entries)} if self.repair else {}),
             "gated_outputs": list(c.gated_outputs),
+            "logits": info.get("logits", []),
             "samples": info.get("samples", []),
             "timings": self.timings,
         }

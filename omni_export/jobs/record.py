@@ -130,11 +130,12 @@ def bundle(out, m: dict, progress) -> dict:
     older one removed, never failing the build."""
     from ..artifacts import bundle as bd
     from ..core import UsageError
+    from ..recipes import bundle_host
     from ..reports.view import human_bytes
 
     with progress.stage("write the bundle") as note:
         try:
-            rec = bd.write(out, m)
+            rec = bd.write(out, m, bundle_host)
         except UsageError as e:
             bd.remove(out / "bundle")
             note.text, note.failed = str(e), True

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifacts.manifest import weight_files
 from ...captured import RECORD_BUDGET_BYTES
 from ...core import Graph, Samples, UsageError, resolve_specs, variant_base, variant_name
-from ...weights import require_regular_file, weight_files
+from ...weights import require_regular_file
 from . import checkpoint as ck
 from . import host, prompts
 from .config import talker_split

@@ -150,16 +150,7 @@ def run(**kw) -> dict:
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
         summary = _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
-    if kw.get("record_latency"):
-        from ...hub.latency import record
-
-        if summary.get("ttfa_ms") is None:
-            summary.setdefault("notes", []).append("--record-latency: nothing recorded, this run did not stream "
-                                                  "(it has no time to first audio)")
-        else:
-            record(build, summary, kw["runner"])
-            summary["recorded_in"] = str(build / "manifest.json")
-    return summary
+    return summary          # --record-latency: the CLI records it (cli.py _record_latency; hub/latency.py)
 
 
 def _run(model, build, kw, name: str, graphs=None) -> dict:

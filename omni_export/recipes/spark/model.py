@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifacts.manifest import weight_files
 from ...core import Graph, Samples, UsageError, resolve_specs
-from ...weights import weight_files
 from . import checkpoint as ck
 from . import host, prompts
 from .config import FULL, SLIDING, SparkConfig
