@@ -80,7 +80,7 @@ class MiniCPMO:
 
     @cached_property
     def rope(self) -> tuple[np.ndarray, np.ndarray]:
-        from .modules import rope_table
+        from ...modeling.rope import rope_table
 
         cos, sin = rope_table(int(self.options["context-length"]), self.cfg.head_dim, self.cfg.rope_theta)
         return cos.numpy(), sin.numpy()
