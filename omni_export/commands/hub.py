@@ -131,7 +131,7 @@ def submit_cmd(out_dir, device, qairt_version, quantize_on, resubmit, timeout, c
                          precisions=_csv(precisions))
     hub = Hub()
     with _errors(debug)(hub.redact):
-        outcome = submit(out_dir, opts, _Progress(quiet or as_json), hub, write_reports=refresh_reports)
+        outcome = submit(out_dir, opts, _Progress(quiet or as_json), hub, refresh_reports=refresh_reports)
     _print_outcome(outcome, as_json, summary_to)
     sys.exit(outcome.exit_code)
 
@@ -351,7 +351,7 @@ def after_build(result, opts: BuildHubOptions | None, pre: Preflight | None, pro
     try:
         outcome = submit(result.out, SubmitOptions(device=opts.device, qairt=opts.qairt, quantize_on=opts.quantize_on,
                                                    timeout_s=opts.timeout_s), progress, pre.hub, pre.previous,
-                         write_reports=refresh_reports)
+                         refresh_reports=refresh_reports)
     except HubError as e:
         raise UsageError(f"{pre.hub.redact(e)}; the build in {result.out} is complete: "
                          f"`omni-export hub submit {result.out}` retries") from None

@@ -49,12 +49,12 @@ class _Silent:
 
 
 def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None,
-           previous: dict | None = None, *, write_reports) -> Outcome:
+           previous: dict | None = None, *, refresh_reports) -> Outcome:
     """Submit the accepted builds of OUT and wait for their jobs (up to opts.timeout_s).
 
     `previous` is the manifest OUT held before a rebuild: the AI Hub jobs of builds whose uploaded
     ONNX is byte-identical are adopted (waited on, their results downloaded again), not resubmitted.
-    `write_reports(root, manifest, write)` rewrites OUT's reports through the store's `write` when the
+    `refresh_reports(root, manifest, write)` rewrites OUT's reports through the store's `write` when the
     manifest changed (the caller's: reports are a layer above hub, see docs/layers.md)."""
     from ..artifacts.manifest import read_manifest
     from ..artifacts.store import MANIFEST, Store
@@ -106,7 +106,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
         if _content(m) != start or store.recovered is not None or not _reports_exist(store.root):
-            write_reports(store.root, m, store.write_text)   # (a rerun that changed nothing keeps its reports)
+            refresh_reports(store.root, m, store.write_text)   # (a rerun that changed nothing keeps its reports)
         store.finish(m)
     except BaseException:
         store.abort()
