@@ -274,12 +274,12 @@ def apply(store, m: dict, recipe) -> list[str]:
 
 
 def _rejudged(m: dict, b: dict) -> None:
-    """A build judged locally by proxy (parity.runners.proxy_verdict) now has the device's verdict: its
+    """A build judged locally by proxy (runtime.runners.proxy_verdict) now has the device's verdict: its
     proxy note says so, with the device's lowest gated SNR."""
     import math
 
     from ..parity.regate import gated_outputs
-    from ..parity.scores import as_json_db, min_snr_db
+    from ..artifacts.scores import as_json_db, min_snr_db
 
     proxy, dev = b["parity"]["proxy"], b["hub"]["parity"]
     db = min_snr_db(dev.get("outputs") or [], gated_outputs(m, b["component"]))

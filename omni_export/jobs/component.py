@@ -347,7 +347,7 @@ class ComponentJobs:
 
     def _scored(self, job: Job, i: int) -> None:
         from ..artifacts.samples import keep_audio
-        from ..parity.runners import proxy_verdict
+        from ..runtime.runners import proxy_verdict
 
         spec = self.builds[i]
         if self.entries[i] is not None:           # lowering failed: already recorded
