@@ -119,7 +119,7 @@ def options() -> list:
         o(["--codes-out"], type=click.Path(), default=None, help="save the generated codes [frames, 16] (.npy)"),
         o(["--wav"], type=click.Path(), default=None, help="write 24 kHz 16-bit WAV here"),
         o(["--json", "as_json"], is_flag=True, help="print a JSON summary"),
-        o(["--record-latency"], is_flag=True,
+        o(["--record-latency"], is_flag=True, default=False,
           help="with --build: record this run's timing (--json's ttfa_ms, rtf, latency) in the build's manifest.json, "
                "where `omni-export latency` and the report take the host work per frame from; the newest run per "
                "runner and precision is kept"),
