@@ -30,7 +30,7 @@ def command(size: str, out: Path, extra: list[str]) -> list[str]:
 
 def summarize(manifest: dict) -> dict:
     """Timings and artifact sizes exactly as the manifest records them, grouped for reading."""
-    from omni_export.parity.report import parity_json
+    from omni_export.reports.parity import parity_json
 
     lowest = {(p["component"], p["format"], p["precision"]): p.get("min_snr_db")
               for p in parity_json(manifest)["builds"]}

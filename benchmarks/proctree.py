@@ -297,14 +297,14 @@ def _events(log: Path):
 
 def process_roles(log: Path) -> dict:
     """pid -> role, from the `process` lines the build's children write to its stage log
-    (omni_export.parity.pool.mark_process)."""
+    (omni_export.runtime.pool.mark_process)."""
     return {e["pid"]: e["role"] for e in _events(log) if e.get("event") == "process"}
 
 
 def scoring_jobs(log: Path) -> dict:
     """Where the scoring time went: per runner (ORT CPU, the HTP simulator, ExecuTorch), the jobs, the
     held-out samples they ran, and their wall seconds opening the artifact and running the samples
-    (the `job` lines omni_export.parity.pool writes), largest first; plus the ten longest jobs."""
+    (the `job` lines omni_export.runtime.pool writes), largest first; plus the ten longest jobs."""
     jobs = [e for e in _events(log) if e.get("event") == "job"]
     out: dict = {}
     for j in jobs:

@@ -73,7 +73,7 @@ def load_model(size: str, work: Path, overrides: dict):
 def capture_inputs(model, frames: int):
     """Greedy fp32 generation of the first held-out prompt through the step predictor graphs,
     recording every graph call: the real inputs each arm is timed on."""
-    from omni_export.recipes.qwen3_tts.graphs import Capture, EagerGraphs
+    from omni_export.runtime.graphs import Capture, EagerGraphs
 
     eager = EagerGraphs(model)
     cap = Capture(eager)
@@ -116,7 +116,7 @@ class Exported:
     def open(self, kind: str, fmt_name: str) -> None:
         """Lower and load one format; a failure is recorded under its runner kind, never raised."""
         from omni_export.core import BuildSpec, Format, Precision
-        from omni_export.parity.runners import open_runner
+        from omni_export.runtime.runners import open_runner
         from omni_export.recipes.qwen3_tts.recipe import RECIPE
 
         fmt = Format.parse(fmt_name)

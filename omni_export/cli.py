@@ -389,8 +389,7 @@ def _json_build(m: dict, b: dict) -> dict:
     """A build in --json: its verdict and the scores the gate read (as report.md shows them): the
     lowest SNR and the lowest agreement over the gated outputs (named in `gated_outputs`), None where
     no gated output has one."""
-    from .parity.regate import gated_outputs
-    from .parity.scores import gated, min_snr_db
+    from .artifacts.scores import gated, gated_outputs, min_snr_db
 
     outs = (b.get("parity") or {}).get("outputs") or []
     names = gated_outputs(m, b["component"])
@@ -417,6 +416,20 @@ def synth_group():
     """Generate audio or text through a checkpoint's fp32 modules or a build's exported graphs."""
 
 
+def _record_latency(kw: dict, summary: dict) -> None:
+    """synth --build OUT --record-latency: the run's timing into OUT's manifest (hub/latency.py), its
+    reports refreshed; a run that did not stream has nothing to record."""
+    from .hub.latency import record
+    from .reports import refresh_reports
+
+    if summary.get("ttfa_ms") is None:
+        summary.setdefault("notes", []).append("--record-latency: nothing recorded, this run did not stream "
+                                               "(it has no time to first audio)")
+        return
+    record(Path(kw["build"]), summary, kw["runner"], refresh_reports=refresh_reports)
+    summary["recorded_in"] = str(Path(kw["build"]) / "manifest.json")
+
+
 def _synth_command(name: str, module_path: str) -> click.Command:
     import importlib
 
@@ -428,6 +441,8 @@ def _synth_command(name: str, module_path: str) -> click.Command:
         try:   # frames done / total with an ETA on stderr (progress.frame_lines)
             with _native_stdout_to_stderr(), frame_lines(lambda text: click.echo(text, err=True)):
                 summary = module.run(**kw)
+                if kw.get("record_latency"):
+                    _record_latency(kw, summary)
         except UsageError as e:
             _fail(str(e), debug)
         for note in summary.get("notes") or []:

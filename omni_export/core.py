@@ -212,7 +212,7 @@ class Component:
     # Why this graph's deployable form is fp32 (e.g. its output is integrated in float64 on the host, so
     # fp16 rounding drifts): the plan adds its fp32 build on a unit that runs fp32 (the CPU beside an NPU
     # that has none: ONNX -> ONNX Runtime, .pte -> XNNPACK) next to its other builds, and end-to-end
-    # parity and synth run that build for this graph at every precision (recipes/qwen3_tts/graphs.py).
+    # parity and synth run that build for this graph at every precision (runtime/graphs.py).
     fp32_on_cpu: str = ""
     # Bump when a change to this graph's module changes what it computes (its build cache keys;
     # omni_export/numerics.py has the exporters' and the runtime's).
@@ -479,7 +479,7 @@ class Verdict:
 def strict_json(obj):
     """`obj` with every non-finite float as the manifest's word for it ("inf" / "-inf" / "nan"), so
     json.dumps(..., allow_nan=False) writes strict JSON (bare Infinity / NaN is not JSON: jq and
-    JSON.parse reject it). parity.scores.num reads the words back."""
+    JSON.parse reject it). artifacts.scores.num reads the words back."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):

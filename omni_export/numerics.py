@@ -24,7 +24,7 @@ VERSIONS = {
     "pte": 2,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
                       # recipes' XNNPACK forms (talker._Xnnpack)
                       # 2: fp16 products in sums of <= 128 terms (halfsums.py)
-    "parity": 2,      # scores and verdicts: parity/metrics.py, parity/gate.py, parity/runners.py
+    "parity": 2,      # scores and verdicts: parity/metrics.py, parity/gate.py, runtime/runners.py
                       # 2: summed embeddings gated against their codebook rows (RowSum); the reason gives
                       # raw agreement and excused rows; the fused frame scores 4 samples on the simulator
     "repair": 1,      # precision repair's search (which blocks it keeps in float): jobs/repair.py

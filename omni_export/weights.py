@@ -89,25 +89,6 @@ def read_side_file(path: Path, what: str) -> bytes:
     return data
 
 
-def weight_files(checkpoint: Path) -> list[dict]:
-    """sha256 and size of every .safetensors under a checkpoint, for the manifest. Symlinks are
-    followed (the Hugging Face cache links snapshot files to blobs/ outside the snapshot); the
-    resolved path is recorded for each one, and `outside_checkpoint` when it leaves the directory."""
-    from .artifacts.store import sha256_file
-
-    root = checkpoint.resolve()
-    out = []
-    for p in sorted(checkpoint.rglob("*.safetensors")):
-        require_regular_file(p, "weight file")
-        entry = {"path": p.relative_to(checkpoint).as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
-        real = p.resolve()
-        if p.is_symlink() or real != root / p.relative_to(checkpoint):
-            entry["resolved"] = str(real)
-            entry["outside_checkpoint"] = root not in real.parents
-        out.append(entry)
-    return out
-
-
 def _sniff_pickle(path: Path, head: bytes) -> None:
     """Called once the file has failed to parse as safetensors: name a pickle if it looks like one."""
     if head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05") or head[:4] == b"PK\x03\x04":

@@ -114,7 +114,7 @@ def test_build_benchmark_records_manifest_timings_and_sizes(tmp_path):
     assert "code2wav: lower onnx fp16" in stages           # a job of its own: a copy of the fp16 graph, ~1 ms
     lower = stages["code2wav: export fp32 ONNX"]
     assert lower["wall_s"] > 0 and (lower["cores_busy"] is None or 0 <= lower["cores_busy"] <= d["process"]["cores"] + 0.5)
-    # the scoring run of the one build: its runner, samples and seconds (parity.pool's job line)
+    # the scoring run of the one build: its runner, samples and seconds (runtime.pool's job line)
     jobs = d["process"]["memory"]["scoring_jobs"]
     assert set(jobs["by_runner"]) == {"ort-cpu"}
     ort = jobs["by_runner"]["ort-cpu"]
@@ -264,7 +264,7 @@ def test_stage_peaks_name_the_processes_holding_each_stage_peak(tmp_path):
 
 
 def test_cpu_is_attributed_to_the_roles_the_build_children_mark(tmp_path):
-    """A child that names itself in the stage log (parity.pool.mark_process, as the build's scoring
+    """A child that names itself in the stage log (runtime.pool.mark_process, as the build's scoring
     workers and compile children do) gets its CPU and its share of a stage peak under that role;
     the parent's CPU stays with the build process."""
     import os
@@ -272,7 +272,7 @@ def test_cpu_is_attributed_to_the_roles_the_build_children_mark(tmp_path):
     from benchmarks import proctree
 
     log = tmp_path / "logs" / "stages.jsonl"
-    child = ("from omni_export.parity.pool import mark_process\n"
+    child = ("from omni_export.runtime.pool import mark_process\n"
              "mark_process('QNN context-binary compile child')\n"
              "b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
              "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.2: pass\n")

@@ -466,7 +466,7 @@ def test_synth_names_why_a_build_has_no_graph_to_run(tmp_path):
     rejected (with the gate's reason), not built at that precision, or a format the target never
     builds -- and what in this build would run instead."""
     from omni_export.core import UsageError
-    from omni_export.recipes.qwen3_tts.graphs import BuildGraphs
+    from omni_export.runtime.graphs import BuildGraphs
 
     def build(fmt, prec, status, reason=None):
         return {"component": "prefill", "format": fmt, "precision": prec, "status": status,

@@ -13,7 +13,7 @@ from omni_export.exporters import onnx as ox
 from omni_export.exporters.executorch import export_pte
 from omni_export.exporters.lower import Lowering
 from omni_export.parity.metrics import snr
-from omni_export.parity.runners import RunnerSpec, open_runner, run_all
+from omni_export.runtime.runners import RunnerSpec, open_runner, run_all
 from omni_export.targets import TARGETS
 from omni_export.trace import trace
 
@@ -561,7 +561,7 @@ def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import concurrent.futures as cf, multiprocessing as mp, os, time\n"
-        "from omni_export.parity.pool import exit_with_parent\n"
+        "from omni_export.runtime.pool import exit_with_parent\n"
         "if __name__ == '__main__':\n"
         "    ex = cf.ProcessPoolExecutor(1, mp_context=mp.get_context('spawn'), initializer=exit_with_parent)\n"
         "    print(ex.submit(os.getpid).result(), flush=True)\n"
@@ -642,7 +642,7 @@ def test_onnx_export_runs_no_rewrite_rule_of_several_output_nodes(tmp_path, monk
 
 _SESSION_RSS = """
 import sys, numpy as np
-from omni_export.parity.runners import RunnerSpec, open_runner
+from omni_export.runtime.runners import RunnerSpec, open_runner
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("RssAnon"):

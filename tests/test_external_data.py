@@ -11,6 +11,7 @@ import torch
 
 from omni_export.core import Precision
 from omni_export.exporters import onnx as ox
+from omni_export.exporters import onnxfile
 
 
 class MLP(torch.nn.Module):
@@ -39,7 +40,7 @@ def program():
 
 def both(program, tmp_path, monkeypatch):
     inline = ox.export(program, tmp_path / "inline" / "fp32.onnx", ["x"], ["y"])
-    monkeypatch.setattr(ox, "_EXTERNAL_DATA_BYTES", 0)
+    monkeypatch.setattr(onnxfile, "EXTERNAL_DATA_BYTES", 0)
     external = ox.export(program, tmp_path / "external" / "fp32.onnx", ["x"], ["y"])
     return inline, external
 

@@ -142,7 +142,7 @@ def test_the_manifest_parity_json_and_the_marker_are_strict_json(fp16_build, tmp
     import math
 
     from omni_export.artifacts.store import atomic_write_json
-    from omni_export.parity.scores import num
+    from omni_export.artifacts.scores import num
 
     m = _strict((fp16_build / "manifest.json").read_text())
     _strict((fp16_build / "parity.json").read_text())

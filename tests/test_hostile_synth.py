@@ -193,7 +193,7 @@ def test_qwen3_an_output_path_that_is_no_file_is_refused_before_any_work(option,
 def test_qwen3_no_graph_runs_before_every_input_is_checked(tmp_path, tiny_checkpoint, monkeypatch):
     """In process, with every graph call an error: each bad input is refused before the first one."""
     from omni_export.recipes.qwen3_tts import synth
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     def graph_ran(self, name, inputs):
         raise AssertionError(f"graph {name} ran before the inputs were checked")

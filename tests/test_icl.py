@@ -21,7 +21,7 @@ from omni_export.core import UsageError
 from omni_export.recipes import get_recipe
 from omni_export.recipes.qwen3_tts import model as M
 from omni_export.recipes.qwen3_tts import speech_encoder as SE
-from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.runtime.graphs import EagerGraphs
 from omni_export.recipes.qwen3_tts.prompt import Request
 
 META = json.loads((GOLDEN / "qwen3_tts" / "icl.json").read_text())
@@ -153,7 +153,7 @@ def test_in_context_generate_through_the_exported_encoder_equals_eager(base, exp
 
 def test_synth_clones_in_context(base, golden, tmp_path):
     """The command as users run it: --ref-audio and --ref-text give upstream's codes; --json says how."""
-    from omni_export.recipes.qwen3_tts.synth import write_wav
+    from omni_export.modeling.audio import write_wav
 
     d, _ = base
     key = "long_ref_streaming"
@@ -188,7 +188,7 @@ def _synth(**kw):
 
 
 def test_ref_text_errors_are_one_line(base, tiny_checkpoint, tmp_path):
-    from omni_export.recipes.qwen3_tts.synth import write_wav
+    from omni_export.modeling.audio import write_wav
 
     d, _ = base
     wav = tmp_path / "ref.wav"
@@ -213,7 +213,7 @@ def test_speaker_calibration_clones_real_wavs(base, tiny_checkpoint, tmp_path):
     """--speaker-calibration DIR: the calibration prompts clone its WAVs (name order, read as --ref-audio
     reads one: resampled to 24 kHz, cut to the window) instead of synthetic voices; the held-out ones
     stay synthetic; the capture key follows the files' samples."""
-    from omni_export.recipes.qwen3_tts.synth import read_wav, write_wav
+    from omni_export.modeling.audio import read_wav, write_wav
 
     d, model = base
     voices = tmp_path / "voices"

@@ -137,7 +137,7 @@ def test_tts_head_matches_the_upstream_classes_golden(tiny, tmp_path):
     """Goldens (tools/golden/make_minicpm_o_goldens.py, own venv): transformers' LlamaModel, torch's
     weight_norm Linear and the hidden_text_merge condition, run as MiniCPMTTS.generate runs them, greedy,
     on this tiny checkpoint (seed 0). Our tts_condition + host rows, and our graphs + host loop, match."""
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     m = M.load(tiny, OPTS, tmp_path)
     g = {k: np.load(GOLDEN_MC / f"tts_{k}.npy") for k in ("hidden", "ids", "condition", "codes", "logits")}
@@ -164,7 +164,7 @@ def test_dit_step_and_the_host_solver_match_upstreams_dit_golden(tiny, tmp_path)
     """Goldens (tools/golden/make_minicpm_o_dit_goldens.py): Step-Audio2's own DiT class on the tiny flow,
     CFG pair in the batch, 10 Euler steps as CausalConditionalCFM.solve_euler; padded tail masked."""
     from omni_export.recipes.minicpm_o import token2wav as t2w
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     m = M.load(tiny, OPTS, tmp_path)
     g = {k: np.load(GOLDEN_MC / f"dit_{k}.npy") for k in ("noise", "mu", "cond", "spks", "mask", "velocity0", "mel")}
@@ -180,7 +180,7 @@ def test_flow_encoder_window_matches_upstreams_encoder_golden(tiny, tmp_path):
     """Goldens (tools/golden/make_minicpm_o_flow_goldens.py): Step-Audio2's UpsampleConformerEncoderV2 with
     the flow's input_embedding and encoder_proj on one unpadded 20-token utterance; ours encodes it in a
     32-token window (12 padded) and in a window of exactly 20."""
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     ref, tokens = np.load(GOLDEN_MC / "flow_mu.npy"), np.load(GOLDEN_MC / "flow_tokens.npy")
     for n in (32, 20):

@@ -17,7 +17,7 @@ from omni_export.recipes.minicpm_o import checkpoint as ck
 from omni_export.recipes.minicpm_o import hift as H
 from omni_export.recipes.minicpm_o import model as M
 from omni_export.recipes.minicpm_o import vocoder as V
-from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.runtime.graphs import EagerGraphs
 
 GOLDEN_MC = GOLDEN / "minicpm_o"
 GEOM = ["--context-length", "64", "--prefill-tokens", "16", "--mel-frames", "32", "--flow-tokens", "32"]

@@ -183,7 +183,7 @@ def test_a_dlc_still_waiting_for_its_compile_when_its_context_binary_fails_is_re
 
 def test_a_simulator_run_of_a_context_binary_reserves_less_than_one_compiling_its_source():
     from omni_export.memory import step_bytes
-    from omni_export.parity.runners import RunnerSpec
+    from omni_export.runtime.runners import RunnerSpec
     from omni_export.jobs.component import _step_kind
 
     ctx = RunnerSpec("qnn-htp", "/b/m-fp16.ctx.onnx", ("x",), ("y",))

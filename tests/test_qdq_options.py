@@ -136,7 +136,7 @@ def test_activation_matmuls_take_their_second_operand_as_int16_and_stay_accurate
     bits: ~38 dB on this product); as int16 symmetric it runs 16 x 16 (~73 dB)."""
     from omni_export import qnn_ep
     from omni_export.parity.metrics import snr
-    from omni_export.parity.runners import RunnerSpec, open_runner
+    from omni_export.runtime.runners import RunnerSpec, open_runner
 
     rng = np.random.default_rng(0)
     src = _attention_scores(tmp_path / "qk.onnx")

@@ -12,7 +12,7 @@ from markupsafe import escape
 from onnx import TensorProto, helper
 
 from omni_export import qnn_ep
-from omni_export.qnn_diagnose import QnnCompileError, avoid, parse_log, precision_notes
+from omni_export.exporters.qnn_diagnose import QnnCompileError, avoid, parse_log, precision_notes
 
 BLOCKS = ["rvq", "pre_conv", "pre_transformer"]
 
@@ -161,7 +161,7 @@ def test_the_log_parser_reads_each_failure_class():
 
 
 def test_a_simulator_run_failure_says_so_and_other_runners_keep_their_words():
-    from omni_export.qnn_diagnose import run_failure
+    from omni_export.exporters.qnn_diagnose import run_failure
 
     assert run_failure("RuntimeError: QNN graph execute failed", "qnn-htp") == (
         "runner failed: the HTP simulator could not run the compiled graph [simulator run]: "
@@ -187,7 +187,7 @@ def test_a_finalize_failure_names_the_graphs_largest_activation_as_its_likely_no
     samples fails with QNN_COMMON_ERROR_MEM_ALLOC after ~20 s of compile, too slow for the suite; the
     error below is the one it raised). The suspect is the largest activation, said as likely; the
     build's attribution still lowers every block (likely_block, not block)."""
-    from omni_export.qnn_diagnose import compile_failure, named
+    from omni_export.exporters.qnn_diagnose import compile_failure, named
 
     src = _graph(tmp_path / "m.onnx", "Sin", (1, 96, 1, 200000))
     said = ("[ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. Error: QNN_COMMON_ERROR_MEM_ALLOC: "

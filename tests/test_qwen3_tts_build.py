@@ -187,7 +187,7 @@ def test_built_graphs_under_a_session_budget_close_the_least_recently_used(build
     max_open_bytes, opening a graph that does not fit closes the least recently used one (reopened
     when needed again), and the outputs are those of the sessions kept open."""
     from omni_export.artifacts.reproducibility import read_parity_inputs
-    from omni_export.recipes.qwen3_tts.graphs import BuildGraphs
+    from omni_export.runtime.graphs import BuildGraphs
 
     _, out = build
     names = ("talker_prefill", "talker_decode", "talker_decode", "talker_prefill", "talker_decode")

@@ -14,7 +14,7 @@ from markupsafe import escape
 from omni_export.artifacts.samples import as_channels, keep_audio, read_wav
 from omni_export.parity.diff import compare
 from omni_export.parity.regate import regate
-from omni_export.parity.report import parity_json
+from omni_export.reports.parity import parity_json
 from omni_export.reports import write_reports
 from omni_export.reports.markdown import summary
 from synthetic import build, demo_like, manifest, write_run

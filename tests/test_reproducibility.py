@@ -106,7 +106,7 @@ def test_dlc_differs_only_in_its_build_time(fp16_build, second_build):
 
 def test_context_binaries_differ_in_few_bytes_that_change_no_output(fp16_build, second_build):
     from omni_export.artifacts.reproducibility import read_parity_inputs
-    from omni_export.parity.runners import RunnerSpec, run_all
+    from omni_export.runtime.runners import RunnerSpec, run_all
 
     stem = "qwen3-tts-code2wav-fp16-s25-htp.ctx"
     assert (fp16_build / f"{stem}.onnx").read_bytes() == (second_build / f"{stem}.onnx").read_bytes()

@@ -124,7 +124,7 @@ def test_host_masks_encode_the_window(model):
 def test_eager_decode_past_the_window_matches_plain_reference(model):
     """The export graphs + host ring buffer, decoding 3 windows past the prompt, against a plain
     whole-sequence forward with position-based sliding masks (fp64, no cache)."""
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     ids = model.encode("Explain what a sliding-window attention layer does.")[:12]
     gen = model.generate(EagerGraphs(model), ids, 3 * model.cfg.sliding_window, stop=False)
@@ -139,7 +139,7 @@ def test_exported_decode_graph_on_ort_matches_plain_reference(model, fp16_build)
     """The ring buffer through the exported fp32 ONNX prefill + decode graphs (the build's sources/,
     what AI Hub compiles) on ONNX Runtime CPU: 40 positions with a 16-slot window (the ring wraps
     twice), against the plain reference."""
-    from omni_export.parity.runners import RunnerSpec, open_runner
+    from omni_export.runtime.runners import RunnerSpec, open_runner
 
     m = read_manifest(fp16_build)
     runners = {}
@@ -160,7 +160,7 @@ def test_exported_decode_graph_on_ort_matches_plain_reference(model, fp16_build)
 
 
 def test_context_overflow_is_a_usage_error(model):
-    from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+    from omni_export.runtime.graphs import EagerGraphs
 
     with pytest.raises(UsageError, match="larger --context-length"):
         model.generate(EagerGraphs(model), list(range(60)), 10, stop=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import GOLDEN
-from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.runtime.graphs import EagerGraphs
 from omni_export.recipes.spark import checkpoint as ck
 from omni_export.recipes.spark import model as sm
 

@@ -20,7 +20,7 @@ from omni_export.core import UsageError
 from omni_export.recipes import get_recipe
 from omni_export.recipes.qwen3_tts import model as M
 from omni_export.recipes.qwen3_tts import speaker as S
-from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.runtime.graphs import EagerGraphs
 from omni_export.recipes.qwen3_tts.prompt import Request
 
 META = json.loads((GOLDEN / "qwen3_tts" / "speaker_lengths.json").read_text())
@@ -138,7 +138,7 @@ def test_a_reference_outside_the_window_is_refused(base):
 
 
 def test_synth_refuses_a_too_long_ref_audio_in_one_line(base, tmp_path):
-    from omni_export.recipes.qwen3_tts.synth import write_wav
+    from omni_export.modeling.audio import write_wav
 
     d, _ = base
     wav = tmp_path / "long.wav"
@@ -186,7 +186,7 @@ def test_synth_refuses_a_build_whose_speaker_encoder_has_no_length_input():
     """A build made before the length input (recipe version < 4) pools its whole fixed window."""
     from types import SimpleNamespace
 
-    from omni_export.parity.runners import RunnerSpec
+    from omni_export.runtime.runners import RunnerSpec
     from omni_export.recipes.qwen3_tts.synth import _check_window
 
     old = SimpleNamespace(specs={"speaker_encoder": RunnerSpec("ort-cpu", "x.onnx", ("mel",), ("embedding",))})

@@ -11,7 +11,7 @@ from omni_export.parity.metrics import snr
 from omni_export.recipes import get_recipe
 from omni_export.recipes.qwen3_tts import checkpoint as ck
 from omni_export.recipes.qwen3_tts import model as M
-from omni_export.recipes.qwen3_tts.graphs import EagerGraphs
+from omni_export.runtime.graphs import EagerGraphs
 from omni_export.recipes.qwen3_tts.prompt import Request
 from omni_export.weights import write_safetensors
 

@@ -100,11 +100,11 @@ def choose(m: dict, picks: dict | None = None) -> dict[str, tuple[dict, str]]:
 
 # ------------------------------------------------------------------------------------------ writing
 
-def write(out: Path, m: dict, into: Path | None = None, picks: dict | None = None) -> dict:
+def write(out: Path, m: dict, host, into: Path | None = None, picks: dict | None = None) -> dict:
     """Make the bundle of build OUT (manifest `m`) in `into` (default OUT/bundle); returns its record
-    for the manifest: {path, bytes, files, graphs: {component: FORMAT/PRECISION}, note}. UsageError when no component has an
+    for the manifest: {path, bytes, files, graphs: {component: FORMAT/PRECISION}, note}. `host(m, out)`
+    is what the recipe adds (a Bundle: recipes.bundle_host). UsageError when no component has an
     accepted build, or the recipe's host data cannot be read (its checkpoint is gone)."""
-    from ..recipes import get_recipe, load_callable
     from ..weights import require_regular_file
     from .store import sha256_file
 
@@ -113,10 +113,7 @@ def write(out: Path, m: dict, into: Path | None = None, picks: dict | None = Non
     chosen = choose(m, picks)
     if not chosen:
         raise UsageError(f"{out}: no component has an accepted build; nothing to bundle")
-    recipe = get_recipe(m["recipe"]["name"])
-    extra = load_callable(recipe.bundle)(m, out) if recipe.bundle else Bundle(
-        note=f"{recipe.name} bundles hold its graphs and their evidence; its host loop's data (tokenizer, "
-             f"KV layout, sampling) is not bundled yet")
+    extra = host(m, out)
     inside = within(into, out)
     _check_into(into)
     into.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +168,7 @@ def write(out: Path, m: dict, into: Path | None = None, picks: dict | None = Non
 
 
 def _graph(m: dict, comp: str, b: dict, why: str, rels: list[str]) -> dict:
-    from ..parity.regate import gated_outputs
-    from ..parity.scores import min_snr_db
+    from .scores import gated_outputs, min_snr_db
 
     info = m["components"][comp]
     p = b.get("parity") or {}

@@ -61,6 +61,26 @@ def host() -> dict:
             "torch_threads": _torch_threads(), **cpu_facts()}
 
 
+def weight_files(checkpoint: Path) -> list[dict]:
+    """sha256 and size of every .safetensors under a checkpoint, for the manifest. Symlinks are
+    followed (the Hugging Face cache links snapshot files to blobs/ outside the snapshot); the
+    resolved path is recorded for each one, and `outside_checkpoint` when it leaves the directory."""
+    from ..weights import require_regular_file
+    from .store import sha256_file
+
+    root = checkpoint.resolve()
+    out = []
+    for p in sorted(checkpoint.rglob("*.safetensors")):
+        require_regular_file(p, "weight file")
+        entry = {"path": p.relative_to(checkpoint).as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+        real = p.resolve()
+        if p.is_symlink() or real != root / p.relative_to(checkpoint):
+            entry["resolved"] = str(real)
+            entry["outside_checkpoint"] = root not in real.parents
+        out.append(entry)
+    return out
+
+
 def _torch_threads() -> int | None:
     if "torch" not in sys.modules:
         return None

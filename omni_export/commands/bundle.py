@@ -43,6 +43,7 @@ def bundle(out_dir: Path, into: Path | None, pick: tuple, as_json: bool, debug: 
     from ..artifacts.manifest import read_manifest
     from ..artifacts.store import MARKER
     from ..core import UsageError
+    from ..recipes import bundle_host
 
     try:
         if not (out_dir / "manifest.json").exists():
@@ -55,7 +56,7 @@ def bundle(out_dir: Path, into: Path | None, pick: tuple, as_json: bool, debug: 
         if into is not None and bd.within(into, out_dir) and Path(into).resolve() != default.resolve():
             raise UsageError(f"--into {into} lies inside {out_dir}, whose manifest lists only its bundle/ (verify "
                              f"would report the files as unlisted); omit --into, or pass a directory outside it")
-        rec = bd.write(out_dir, m, into or default, picks)
+        rec = bd.write(out_dir, m, bundle_host, into or default, picks)
         if into is None or Path(into).resolve() == default.resolve():
             _record(out_dir, m, rec)
     except UsageError as e:
@@ -78,10 +79,7 @@ def bundle(out_dir: Path, into: Path | None, pick: tuple, as_json: bool, debug: 
 
 def _record(out: Path, m: dict, rec: dict) -> None:
     """OUT's own bundle is recorded in its manifest and reports (verify checks its files)."""
-    from ..commands.reports import recorded_regate
-    from ..parity.regate import regate
-    from ..reports import write_reports
+    from ..reports import refresh_reports
 
     m["bundle"] = rec
-    old = recorded_regate(out)
-    write_reports(out, m, regate(m, old["gates_db"], old.get("fail_under_db")) if old else None)
+    refresh_reports(out, m)

@@ -124,13 +124,14 @@ def submit_cmd(out_dir, device, qairt_version, quantize_on, resubmit, timeout, c
     """
     from ..hub.client import Hub
     from ..hub.stage import SubmitOptions, submit
+    from ..reports import refresh_reports
 
     opts = SubmitOptions(device=device, qairt=qairt_version, quantize_on=quantize_on, resubmit=resubmit,
                          timeout_s=timeout, components=_csv(components), formats=_csv(formats),
                          precisions=_csv(precisions))
     hub = Hub()
     with _errors(debug)(hub.redact):
-        outcome = submit(out_dir, opts, _Progress(quiet or as_json), hub)
+        outcome = submit(out_dir, opts, _Progress(quiet or as_json), hub, refresh_reports=refresh_reports)
     _print_outcome(outcome, as_json, summary_to)
     sys.exit(outcome.exit_code)
 
@@ -343,12 +344,14 @@ def after_build(result, opts: BuildHubOptions | None, pre: Preflight | None, pro
     from ..core import UsageError
     from ..hub.client import HubError
     from ..hub.stage import SubmitOptions, submit
+    from ..reports import refresh_reports
 
     if not any(b["status"] == "accepted" for b in result.manifest["builds"]):
         return result.manifest, result.exit_code, ["--hub: no accepted build to submit"]
     try:
         outcome = submit(result.out, SubmitOptions(device=opts.device, qairt=opts.qairt, quantize_on=opts.quantize_on,
-                                                   timeout_s=opts.timeout_s), progress, pre.hub, pre.previous)
+                                                   timeout_s=opts.timeout_s), progress, pre.hub, pre.previous,
+                         refresh_reports=refresh_reports)
     except HubError as e:
         raise UsageError(f"{pre.hub.redact(e)}; the build in {result.out} is complete: "
                          f"`omni-export hub submit {result.out}` retries") from None

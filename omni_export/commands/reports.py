@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -76,33 +75,6 @@ def load_manifest(path: str | Path) -> tuple[Path, dict]:
     return root, read_manifest(root, file)
 
 
-def recorded_regate(root: Path) -> dict | None:
-    """The re-gating a previous `omni-export parity` stored in parity.json, if any (a parity.json that
-    is not a regular file of OUT, or not JSON, holds none; a damaged re-gating record is an error)."""
-    from ..artifacts.manifest import MANIFEST_BYTES
-
-    path = root / "parity.json"
-    if path.is_symlink() or not path.is_file() or path.stat().st_size > MANIFEST_BYTES:
-        return None
-    try:
-        p = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    old = p.get("regated") if isinstance(p, dict) and p.get("schema_version") == 2 else None
-    if old is None:
-        return None
-    gates, floor = old.get("gates_db") if isinstance(old, dict) else None, (old or {}).get("fail_under_db")
-    if not (isinstance(gates, dict) and all(_finite_number(v) for v in gates.values())
-            and (floor is None or _finite_number(floor))):
-        raise UsageError(f"{path}: its \"regated\" record is damaged (gates_db must map precisions to dB, "
-                         f"fail_under_db a number or null); `omni-export parity {root}` rewrites it")
-    return old
-
-
-def _finite_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def append_summary(path: str | None, text: str) -> None:
     if not path:
         return
@@ -138,14 +110,11 @@ def report_cmd(out_dir, summary_to, debug):
 
     Exit codes: 0 written; 2 bad input (no manifest, unfinished run, unreadable file).
     """
-    from ..parity.regate import regate
-    from ..reports import write_reports
+    from ..reports import refresh_reports
 
     with one_line_errors(debug):
         root, m = load_manifest(out_dir)
-        old = recorded_regate(root)
-        record = regate(m, old["gates_db"], old.get("fail_under_db")) if old else None
-        paths = write_reports(root, m, record)
+        paths = refresh_reports(root, m)
         append_summary(summary_to, (root / "report.md").read_text())
     click.echo("wrote " + ", ".join(str(p) for p in paths))
 

@@ -90,7 +90,7 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
     import onnx
     from onnx import numpy_helper
 
-    from .onnx import _save
+    from .onnxfile import save
 
     model = onnx.load(str(qdq))
     g = model.graph
@@ -140,7 +140,7 @@ def round_weights(fp32: Path, qdq: Path, calibration: Sequence[dict]) -> dict:
                 inits[t["weight"]].CopyFrom(new)
         del hessians, fp32_weights
     report["summary"] = summary(report["weights"], len(skipped))
-    _save(model, qdq)
+    save(model, qdq)
     sidecar(qdq).write_text(json.dumps(report, indent=1))
     return report
 
@@ -271,9 +271,9 @@ def _round_one(t, w: np.ndarray, H: Moments, inits):
         return rec, None
     q = ints.T if t["op"] == "MatMul" else ints.reshape(inits[t["weight"]].dims)
     if "int4" in str(dtype):
-        from .onnx import _int4_tensor
+        from .onnxfile import int4_tensor
 
-        return rec, _int4_tensor(t["weight"], np.ascontiguousarray(q).astype(np.int8))
+        return rec, int4_tensor(t["weight"], np.ascontiguousarray(q).astype(np.int8))
     return rec, np.ascontiguousarray(q).astype(dtype)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core import BuildSpec, Format, Precision, Target
 from ..parity.metrics import score_outputs
-from ..parity.runners import RunnerSpec
+from ..runtime.runners import RunnerSpec
 from . import rewrites as rw
 
 REWRITE_MIN_DB = 100.0
@@ -42,7 +42,7 @@ def isolated(big: bool, fn, *args):
     import multiprocessing as mp
 
     from ..memory import trim_heap
-    from ..parity.pool import init_child
+    from ..runtime.pool import init_child
 
     # the child's GiBs run beside this process: hand back first what the last steps freed (the
     # talker decode's build process held 2.59 GiB after its fp16 .pte lowering, 1.49 once trimmed)
@@ -282,7 +282,7 @@ class Lowering:
             yield
         except Exception as e:
             from ..artifacts.store import is_disk_full
-            from ..qnn_diagnose import compile_failure
+            from .qnn_diagnose import compile_failure
 
             if is_disk_full(e):
                 raise
@@ -361,7 +361,7 @@ class Lowering:
     def _spec(self, kind: str, path: Path, options: dict | None = None, key: str | None = None) -> RunnerSpec:
         options = dict(options or {})
         if kind == "ort-cpu" and self.weight_bytes:
-            # a heavy graph scores in a lean session (parity.runners.open_runner): its fp16 / QDQ
+            # a heavy graph scores in a lean session (runtime.runners.open_runner): its fp16 / QDQ
             # weights stay in the file's pages instead of an fp32 copy in the scoring worker
             options["session"] = "lean"
         return RunnerSpec(kind, str(path), self.traced.input_names, self.traced.output_names, options, key)

@@ -13,9 +13,9 @@ from typing import Sequence
 import numpy as np
 
 from ..core import Precision
+from . import onnxfile
 
 OPSET = 21
-_EXTERNAL_DATA_BYTES = 1_800_000_000   # stay clear of protobuf's 2 GB limit
 # Graphs with more weight than this are exported with external data even below the 2 GB line: the
 # exporter then streams each tensor to disk instead of building the whole model as one protobuf
 # (and its serialised copy), and the fp16 conversion reads the fp32 weights from a memory map one
@@ -33,7 +33,7 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
                         if isinstance(t, torch.Tensor))
     path.parent.mkdir(parents=True, exist_ok=True)
     _quiet_exporter()
-    big = weight_bytes > min(_EXTERNAL_DATA_BYTES, _STREAM_BYTES)
+    big = weight_bytes > min(onnxfile.EXTERNAL_DATA_BYTES, _STREAM_BYTES)
     from .fxmeta import fast_passes
 
     with fast_passes(), linear_rewrites():
@@ -53,7 +53,7 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
 
         onnx.save(model, str(path))
     else:
-        _save(model, path)
+        onnxfile.save(model, path)
     return path
 
 
@@ -194,7 +194,7 @@ def inline_copy(src: Path, dst: Path) -> Path | None:
 
     if not data_file(src).exists():
         return src
-    if src.stat().st_size + data_file(src).stat().st_size > _EXTERNAL_DATA_BYTES:
+    if src.stat().st_size + data_file(src).stat().st_size > onnxfile.EXTERNAL_DATA_BYTES:
         return None
     # Our own data file is read here, not through onnx.load: builds share it by hard link with
     # their artifacts (ONNX copies, no gigabytes copied), and onnx refuses a data file with more
@@ -297,7 +297,7 @@ def to_fp16(src: Path, dst: Path) -> Path:
     if not data_file(src).exists():
         model = onnx.load(str(src))
         half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
-        _save(half, dst)
+        onnxfile.save(half, dst)
         return dst
     from unittest import mock
 
@@ -357,7 +357,7 @@ def share_matmul_weights(src: Path, dst: Path) -> int:
     g.node.extend(nodes)
     src_data = data_file(src)
     if not src_data.exists():
-        _save(model, dst)
+        onnxfile.save(model, dst)
         return len(shared)
     import shutil
 
@@ -688,14 +688,14 @@ def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
         w = numpy_helper.to_array(fp[name], base_dir=str(Path(fp32).parent)).astype(np.float32)
         q, scale = _int4_block_quantize(w, k_axis, block)
         qi, si, zi = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else ""
-        inits[qi].CopyFrom(_int4_tensor(qi, q))
+        inits[qi].CopyFrom(onnxfile.int4_tensor(qi, q))
         inits[si].CopyFrom(numpy_helper.from_array(scale, si))
         if zi:
-            inits[zi].CopyFrom(_int4_tensor(zi, np.zeros(scale.shape, np.int8)))
+            inits[zi].CopyFrom(onnxfile.int4_tensor(zi, np.zeros(scale.shape, np.int8)))
         for a in [a for a in dq.attribute if a.name in ("axis", "block_size")]:
             dq.attribute.remove(a)
         dq.attribute.extend([helper.make_attribute("axis", k_axis), helper.make_attribute("block_size", block)])
-    _save(model, qdq)
+    onnxfile.save(model, qdq)
     return len(todo)
 
 
@@ -774,7 +774,7 @@ def float_tables_as_16bit(qdq: Path) -> int:
     if done:
         del g.node[:]
         g.node.extend(nodes)
-        _save(model, qdq)
+        onnxfile.save(model, qdq)
     return len(done)
 
 
@@ -824,17 +824,6 @@ def weight_bits(qdq: Path) -> dict[str, float]:
             total[bits] = total.get(bits, 0.0) + float(np.prod(t.dims)) * bits / 8
     all_bytes = sum(total.values())
     return {str(b): round(v / all_bytes, 4) for b, v in sorted(total.items())} if all_bytes else {}
-
-
-def _int4_tensor(name: str, q: np.ndarray):
-    """An INT4 TensorProto of the int8 array `q` (values in [-8, 7]), two per byte, low nibble first."""
-    from onnx import TensorProto, helper
-
-    flat = (q.ravel().astype(np.int16) & 0xF).astype(np.uint8)
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    packed = flat[0::2] | (flat[1::2] << 4)
-    return helper.make_tensor(name, TensorProto.INT4, list(q.shape), packed.tobytes(), raw=True)
 
 
 def _int4_block_quantize(w: np.ndarray, k_axis: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1150,7 +1139,7 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     keep = [i for i in g.initializer if i.name in used]
     del g.initializer[:]
     g.initializer.extend(keep)
-    _save(model, dst)
+    onnxfile.save(model, dst)
     return dst
 
 
@@ -1193,15 +1182,6 @@ def input_feed(path: Path) -> list[tuple[str, list, str]]:
         t = i.type.tensor_type
         out.append((i.name, [d.dim_value for d in t.shape.dim], onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name))
     return out
-
-
-def _save(model, dst: Path) -> None:
-    import onnx
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    big = model.ByteSize() > _EXTERNAL_DATA_BYTES
-    onnx.save(model, str(dst), save_as_external_data=big,
-              location=dst.name + ".data" if big else None)
 
 
 def _quiet_exporter() -> None:

@@ -237,16 +237,16 @@ def lines(p: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- record
 
-def record(out, summary: dict, runner: str) -> dict:
+def record(out, summary: dict, runner: str, *, refresh_reports) -> dict:
     """`synth --build OUT --record-latency`: this run's timing into OUT's manifest.json
     (manifest["latency"]["synth"], one entry per runner and graphs, the newest kept), where the
-    projection takes the host work from; the reports are rewritten. Returns the entry."""
+    projection takes the host work from; the reports are rewritten by `refresh_reports(root, manifest,
+    write)` (the caller's: reports are a layer above hub, docs/layers.md). Returns the entry."""
     from pathlib import Path
 
     from ..artifacts.manifest import git_sha
     from ..artifacts.store import Store
     from .records import now
-    from .stage import rewrite_reports
 
     keep = ("frames", "seconds", "graphs", "predictor", "ttfa_ms", "first_audio_after_frames", "rtf", "latency")
     entry = {"runner": runner, "recorded": now(), "omni_export_git": git_sha(),
@@ -257,7 +257,7 @@ def record(out, summary: dict, runner: str) -> dict:
         runs = [r for r in ((m.get("latency") or {}).get("synth") or [])
                 if isinstance(r, dict) and (r.get("runner"), r.get("graphs")) != (runner, entry["graphs"])]
         m["latency"] = {"synth": runs + [entry]}
-        rewrite_reports(store, m)
+        refresh_reports(store.root, m, store.write_text)
         store.finish(m)
     except BaseException:
         store.abort()

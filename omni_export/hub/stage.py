@@ -49,11 +49,13 @@ class _Silent:
 
 
 def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None,
-           previous: dict | None = None) -> Outcome:
+           previous: dict | None = None, *, refresh_reports) -> Outcome:
     """Submit the accepted builds of OUT and wait for their jobs (up to opts.timeout_s).
 
     `previous` is the manifest OUT held before a rebuild: the AI Hub jobs of builds whose uploaded
-    ONNX is byte-identical are adopted (waited on, their results downloaded again), not resubmitted."""
+    ONNX is byte-identical are adopted (waited on, their results downloaded again), not resubmitted.
+    `refresh_reports(root, manifest, write)` rewrites OUT's reports through the store's `write` when the
+    manifest changed (the caller's: reports are a layer above hub, see docs/layers.md)."""
     from ..artifacts.manifest import read_manifest
     from ..artifacts.store import MANIFEST, Store
     from ..recipes import get_recipe
@@ -104,7 +106,7 @@ def submit(out: Path, opts: SubmitOptions, progress=None, hub: Hub | None = None
         _wait(tasks, hub, opts.timeout_s, progress)
         save()
         if _content(m) != start or store.recovered is not None or not _reports_exist(store.root):
-            rewrite_reports(store, m)          # (a rerun that changed nothing keeps the reports it finds)
+            refresh_reports(store.root, m, store.write_text)   # (a rerun that changed nothing keeps its reports)
         store.finish(m)
     except BaseException:
         store.abort()
@@ -272,12 +274,12 @@ def apply(store, m: dict, recipe) -> list[str]:
 
 
 def _rejudged(m: dict, b: dict) -> None:
-    """A build judged locally by proxy (parity.runners.proxy_verdict) now has the device's verdict: its
+    """A build judged locally by proxy (runtime.runners.proxy_verdict) now has the device's verdict: its
     proxy note says so, with the device's lowest gated SNR."""
     import math
 
     from ..parity.regate import gated_outputs
-    from ..parity.scores import as_json_db, min_snr_db
+    from ..artifacts.scores import as_json_db, min_snr_db
 
     proxy, dev = b["parity"]["proxy"], b["hub"]["parity"]
     db = min_snr_db(dev.get("outputs") or [], gated_outputs(m, b["component"]))
@@ -356,18 +358,6 @@ def _content(m: dict) -> str:
 
 
 def _reports_exist(root: Path) -> bool:
-    from ..reports import REPORT_FILES
+    from ..artifacts.store import REPORT_FILES
 
     return all((root / name).is_file() for name in REPORT_FILES)
-
-
-def rewrite_reports(store, m: dict) -> None:
-    """report.md, report.html and parity.json of an amended build (with the re-gating `omni-export parity`
-    recorded, if any)."""
-    from ..commands.reports import recorded_regate
-    from ..parity.regate import regate
-    from ..reports import write_reports
-
-    old = recorded_regate(store.root)
-    write_reports(store.root, m, regate(m, old["gates_db"], old.get("fail_under_db")) if old else None,
-                  write=store.write_text)

@@ -307,7 +307,7 @@ class ComponentJobs:
 
             if is_disk_full(job.error):
                 raise job.error
-            from ..qnn_diagnose import describe, named
+            from ..exporters.qnn_diagnose import describe, named
 
             diagnosis = named(job.error, self.info.get("block_names") or ())   # the node QNN refused
             reason = f"lowering failed: {describe(diagnosis) if diagnosis else short(job.error)}"
@@ -347,7 +347,7 @@ class ComponentJobs:
 
     def _scored(self, job: Job, i: int) -> None:
         from ..artifacts.samples import keep_audio
-        from ..parity.runners import proxy_verdict
+        from ..runtime.runners import proxy_verdict
 
         spec = self.builds[i]
         if self.entries[i] is not None:           # lowering failed: already recorded
@@ -375,7 +375,7 @@ class ComponentJobs:
         samples = self._lowered[i].get("samples")
         t_lower = self._lowered[i]["seconds"]
         if job.error is not None:
-            from ..qnn_diagnose import run_failure
+            from ..exporters.qnn_diagnose import run_failure
 
             error = run_failure(short(job.error), runner.kind)
             self.run.store.commit(built.files, accepted=False)
@@ -597,7 +597,7 @@ class ComponentJobs:
         result = job.result
         outputs = result.pop("outputs")
         verdict = self._judge(p, *self._heldout(search.get("_indices")), outputs, top1=False)
-        from ..parity.scores import min_snr_db
+        from ..artifacts.scores import min_snr_db
 
         db = min_snr_db([s.to_json() for s in verdict.scores], self.component.gated_outputs)
         row.update({"snr_db": None if db is None else round(db, 3), "verdict": verdict.status,
@@ -683,7 +683,7 @@ class ComponentJobs:
 
     def _finalize(self) -> None:
         entries = [e for e in self.entries if e is not None]
-        from ..qnn_diagnose import precision_notes
+        from ..exporters.qnn_diagnose import precision_notes
 
         precision_notes(entries)        # did the same graph compile at another precision?
         _link_attribution(entries, self.attribution)
@@ -713,6 +713,7 @@ class ComponentJobs:
             "attribution": self.attribution,
             **({"repair": self._repair_record(entries)} if self.repair else {}),
             "gated_outputs": list(c.gated_outputs),
+            "logits": info.get("logits", []),
             "samples": info.get("samples", []),
             "timings": self.timings,
         }

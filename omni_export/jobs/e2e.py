@@ -19,6 +19,7 @@ import json
 
 from ..artifacts.store import STAGING
 from ..core import Precision
+from ..runtime.graphs import RUNNER_FORMATS
 from .graph import Job
 
 # RssAnon of the row's process per byte of the graphs' fp32 weights: the 0.6B row (5.3 GiB of
@@ -65,7 +66,7 @@ class EndToEndJobs:
         weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
         # the scores of the builds a row drives: its runners' formats at its precisions, and the fp32
         # builds a graph kept on the CPU runs (onnx, or pte for the pte runner)
-        fmts = {record.RUNNER_FORMAT[k] for k in self.runners}
+        fmts = {RUNNER_FORMATS[k][0] for k in self.runners}
         fp32 = {"pte" if k == "pte" else "onnx" for k in self.runners}
         for group in groups:
             # with precision repair on, a quantized row waits for every build and attribution of every

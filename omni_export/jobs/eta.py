@@ -391,7 +391,7 @@ def plan_lines(the_plan, graph, reused: list[str], workers: int, executor: str, 
     the jobs of each kind, the scoring runs per runner, and the rows expected once the traces end."""
     from collections import Counter
 
-    from .record import RUNNER_FORMAT
+    from ..runtime.graphs import RUNNER_FORMATS
 
     b = the_plan.builds
     comps = list(dict.fromkeys(x.component for x in b))
@@ -409,7 +409,7 @@ def plan_lines(the_plan, graph, reused: list[str], workers: int, executor: str, 
     kinds = Counter(j.kind for j in jobs)
     lines.append(f"plan: {len(jobs)} jobs on {workers} worker{'s' if workers != 1 else ''} ({executor}): "
                  + ", ".join(f"{n} {k}" for k, n in kinds.items()))
-    runner_of = {f: r for r, f in RUNNER_FORMAT.items()} | {"dlc": "htp"}
+    runner_of = {f: r for r, (f, _) in RUNNER_FORMATS.items()} | {"dlc": "htp"}
     runs = Counter(runner_of.get(j.id.split("/")[-2], "?") for j in jobs if j.kind in ("score", "score-htp"))
     shared = kinds.get("score-shared", 0)
     names = {"ort": "ONNX Runtime CPU", "htp": "the HTP simulator", "pte": "ExecuTorch"}

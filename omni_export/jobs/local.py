@@ -41,7 +41,7 @@ def init_worker(threads: int, role: str = "job worker", bind: tuple[int, ...] | 
     if bind and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(bind))
 
-    from ..parity.pool import exit_with_parent, mark_process
+    from ..runtime.pool import exit_with_parent, mark_process
     from ..quiet import quiet_library_logs
 
     exit_with_parent()

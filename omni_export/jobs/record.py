@@ -26,20 +26,17 @@ def slow_samples(opts: RunOptions, weight_bytes: int, heldout: int, heavy: int =
     return sorted({round(i * (heldout - 1) / max(1, n - 1)) for i in range(n)})
 
 
-# the format each end-to-end runner drives (a graph kept at fp32 on the CPU: its fp32 onnx, or pte)
-RUNNER_FORMAT = {"htp": "ctx", "ort": "onnx", "pte": "pte"}
-
-
 def e2e_runners(opts: RunOptions, manifest: dict) -> dict:
     """Runner kind -> precisions for end-to-end parity ({} when the recipe or user skips it)."""
     if not opts.recipe.end_to_end or opts.e2e == ():
         return {}
     kinds = opts.e2e or (("htp",) if opts.target.has_htp and not heavy(manifest) else ("ort",))
-    fmt = RUNNER_FORMAT
+    from ..runtime.graphs import RUNNER_FORMATS
+
     order = [p.value for p in Precision]
     runners = {}
     for k in kinds:
-        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == fmt[k] and not (
+        precs = sorted({b["precision"] for b in manifest["builds"] if b["format"] == RUNNER_FORMATS[k][0] and not (
             b["precision"] == "fp32" and manifest["components"].get(b["component"], {}).get("fp32_on_cpu"))},
             key=order.index)           # a graph kept at fp32 on the CPU makes no fp32 row of its own
         if precs:
@@ -133,11 +130,12 @@ def bundle(out, m: dict, progress) -> dict:
     older one removed, never failing the build."""
     from ..artifacts import bundle as bd
     from ..core import UsageError
+    from ..recipes import bundle_host
     from ..reports.view import human_bytes
 
     with progress.stage("write the bundle") as note:
         try:
-            rec = bd.write(out, m)
+            rec = bd.write(out, m, bundle_host)
         except UsageError as e:
             bd.remove(out / "bundle")
             note.text, note.failed = str(e), True

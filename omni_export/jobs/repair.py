@@ -61,15 +61,3 @@ def integer_share(bits: dict) -> float | None:
     if not bits:
         return None
     return round(sum(v for k, v in bits.items() if k in ("4", "8", "16")), 4)
-
-
-def table(search: dict) -> list[str]:
-    """The search as markdown table lines (the report's)."""
-    lines = ["| step | kept in float | gated SNR | verdict | weight bytes still quantized |",
-             "|---|---|---|---|---|"]
-    for s in search.get("steps", []):
-        db = "—" if s.get("snr_db") is None else f"{s['snr_db']:.1f} dB"
-        share = "—" if s.get("integer_share") is None else f"{100 * s['integer_share']:.1f} %"
-        kept = ", ".join(s.get("kept_float") or []) or "(none)"
-        lines.append(f"| {s['step']} | {kept} | {db} | {s.get('verdict', s.get('error', ''))} | {share} |")
-    return lines

@@ -151,7 +151,7 @@ def lower(ref: GraphRef, states: list[dict], spec, staging: str):
 
 def score(spec, ref: GraphRef, indices: list[int] | None):
     """A runner's outputs on held-out samples (all, or those `indices`), with the run's own seconds."""
-    from ..parity.pool import run_job
+    from ..runtime.pool import run_job
 
     held = _mapped(ref, "heldout", spec.input_names)
     return run_job(spec, list(held) if indices is None else [held[i] for i in indices])
@@ -161,11 +161,11 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
               only: str | None = None) -> list[dict]:
     """Per block of a BlockChain: lower it alone at `precision`, feed it the fp32 activations in front
     of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}.
-    `only`: that block alone (the block of the node a QNN compile refused, qnn_diagnose.py)."""
+    `only`: that block alone (the block of the node a QNN compile refused, exporters/qnn_diagnose.py)."""
     from ..core import Precision
     from ..exporters.lower import Lowering
     from ..parity.metrics import score_outputs
-    from ..parity.runners import run_all
+    from ..runtime.runners import run_all
     from ..trace import trace_blocks
     from .errors import short
 
@@ -203,7 +203,7 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
     outputs, the share of weight bytes per width and the nodes kept."""
     from ..core import Precision
     from ..exporters.onnx import block_nodes, float_island, weight_bits
-    from ..parity.runners import run_all
+    from ..runtime.runners import run_all
 
     lowering, _ = _adopted(ref, states)
     p = Precision(precision)
@@ -228,7 +228,7 @@ def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, g
     from ..core import Precision
     from ..exporters.onnx import block_nodes
     from ..parity.metrics import score_outputs
-    from ..parity.runners import run_all
+    from ..runtime.runners import run_all
     from .errors import short
 
     lowering, traced = _adopted(ref, states)

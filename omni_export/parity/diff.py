@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .scores import num
+from ..artifacts.scores import num
 
 DEFAULT_TOLERANCE_DB = 1.0
 # float32 rounding alone gives ~140 dB: above it two outputs are both "exact", whatever the number.

@@ -8,17 +8,12 @@ from __future__ import annotations
 import math
 import time
 
+from ..artifacts.scores import as_json_db, gated_outputs, min_snr_db, num, score_from_json
 from .gate import judge, top1_gate
-from .scores import as_json_db, min_snr_db, num, score_from_json
 
 NOTE = ("re-judged the recorded per-output scores against new gates without rebuilding; "
         "manifest.json keeps the build-time verdicts and files were not moved between "
         "the output directory and rejected/ (rebuild with --gate to move them)")
-
-
-def gated_outputs(manifest: dict, component: str) -> tuple[str, ...]:
-    """The outputs the gate looked at, as recorded (empty = all)."""
-    return tuple(manifest["components"].get(component, {}).get("gated_outputs") or ())
 
 
 def regate(manifest: dict, gates_db: dict[str, float], fail_under_db: float | None = None) -> dict:

@@ -1,7 +1,9 @@
 """Re-run the parity of every listed artifact on its runner and compare with the recorded scores.
 
 Inputs and fp32 references come from OUT/parity-inputs/<component>.npz (hash-checked first by
-`verify`), so a build can be rescored without its checkpoint. The DLC is not rescored: it was
+`verify`), so a build can be rescored without its checkpoint; what the gate read of a component
+(gated outputs, logits, tie margins, summed rows, agreement floor) comes from its manifest record,
+never from the recipe, so a build is rescored as it was judged. The DLC is not rescored: it was
 scored as the QNN graph it serialises (compiled from the source ONNX, which is not kept), and ONNX
 Runtime cannot load a DLC.
 """
@@ -30,7 +32,7 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
             row["skipped"] = skip
             continue
         info, (inputs, refs) = data[b["component"]]
-        comp = _component(manifest, b["component"])
+        comp = _declared(info)
         try:
             scores = _scores(out, b, info, inputs, refs, comp)
         except Exception as e:  # the artifact no longer loads or runs: that is drift, not a crash
@@ -43,22 +45,20 @@ def rescore(out: Path, manifest: dict, tolerance_db: float) -> tuple[list[Findin
         agreements = {n: round(s.agreement, 6) for n, s in scores.items() if s.agreement is not None}
         if agreements:
             row["agreement"] = agreements
-        top1 = top1_gate(manifest["components"].get(b["component"], {}).get("top1_min"), b["precision"])
-        findings += _compare(b, scores, tolerance_db, comp.gated_outputs if comp else (), top1,
-                             comp.agreement_min if comp else 1.0)
+        top1 = top1_gate(info.get("top1_min"), b["precision"])
+        findings += _compare(b, scores, tolerance_db, comp["gated"], top1, comp["agreement_min"])
     return findings, rows
 
 
-def _component(manifest: dict, component: str):
-    """The recipe's Component (its gated outputs and logits), or None when the recipe is unknown here
-    (then every output is gated)."""
-    from ..core import UsageError
-    from ..recipes import get_recipe
+def _declared(info: dict) -> dict:
+    """What the gate read of a component, from its manifest record (jobs/component.py writes it)."""
+    from ..core import RowSum
 
-    try:
-        return get_recipe((manifest.get("recipe") or {}).get("name")).component(component)
-    except (UsageError, TypeError):
-        return None
+    floor = info.get("agreement_min")
+    return {"gated": tuple(info.get("gated_outputs") or ()), "logits": tuple(info.get("logits") or ()),
+            "tie_margins": dict(info.get("tie_margins") or {}),
+            "row_sums": {o: RowSum(tuple(r["picks"]), r["own"]) for o, r in (info.get("row_sums") or {}).items()},
+            "agreement_min": 1.0 if floor is None else float(floor)}
 
 
 def _unscorable(b: dict, data: dict) -> str | None:
@@ -73,26 +73,25 @@ def _unscorable(b: dict, data: dict) -> str | None:
     return None
 
 
-def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict], comp=None) -> dict:
+def _scores(out: Path, b: dict, info: dict, inputs: list[dict], refs: list[dict], comp: dict) -> dict:
     """The build's outputs scored as the gate scores them (codes by tie-aware agreement; a summed
     embedding without its codebook tables, which are the checkpoint's: on the frames whose codes agree)."""
-    from ..parity.metrics import score_outputs
-    from ..parity.runners import RunnerSpec, run_all
+    from ..runtime.runners import RunnerSpec, run_all
+    from .metrics import score_outputs
 
     r = b["parity"]["runner"]
     names_in = tuple(s["name"] for s in info["inputs"])
     names_out = tuple(s["name"] for s in info["outputs"])
     spec = RunnerSpec(r["kind"], str(out / b["files"][0]["path"]), names_in, names_out, dict(r.get("options") or {}))
     outputs = run_all(spec, inputs)
-    return {s.name: s for s in score_outputs(names_out, refs, outputs, comp.logits if comp else (),
-                                             dict(comp.tie_margins) if comp else None,
-                                             comp.row_sums if comp else None, inputs)}
+    return {s.name: s for s in score_outputs(names_out, refs, outputs, comp["logits"], comp["tie_margins"],
+                                             comp["row_sums"], inputs)}
 
 
 def _compare(b: dict, scores: dict, tol: float, gated: tuple[str, ...], top1_min: float | None = None,
              agreement_min: float = 1.0) -> list[Finding]:
-    from ..parity.gate import judge
-    from ..parity.scores import score_from_json
+    from ..artifacts.scores import score_from_json
+    from .gate import judge
 
     path = b["files"][0]["path"]
     found = []

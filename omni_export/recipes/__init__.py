@@ -26,3 +26,15 @@ def get_recipe(name: str) -> Recipe:
 def load_callable(path: str):
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def bundle_host(manifest: dict, out):
+    """What the recipe of build OUT (`manifest`) adds to its ship bundle (artifacts.bundle.Bundle):
+    its host loop's data when it declares a `bundle` hook, else a note saying what is not bundled yet."""
+    from ..artifacts.bundle import Bundle
+
+    recipe = get_recipe(manifest["recipe"]["name"])
+    if recipe.bundle:
+        return load_callable(recipe.bundle)(manifest, out)
+    return Bundle(note=f"{recipe.name} bundles hold its graphs and their evidence; its host loop's data (tokenizer, "
+                       f"KV layout, sampling) is not bundled yet")

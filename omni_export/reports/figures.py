@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..parity.scores import num
+from ..artifacts.scores import num
 
 ACCEPTED, REJECTED, FP32, PSNR, GATE, ERROR = "#2e7d32", "#c62828", "#616161", "#1565c0", "#212121", "#ef6c00"
 RC = {"font.size": 9, "axes.titlesize": 10, "axes.spines.top": False, "axes.spines.right": False,

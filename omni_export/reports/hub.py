@@ -5,11 +5,10 @@ by report.md, report.html, parity.json and `omni-export hub submit`'s own summar
 """
 from __future__ import annotations
 
+from ..artifacts.scores import as_json_db, gated_outputs, min_snr_db
 from ..hub.profile import split
 from ..hub.records import build_state, key
 from ..hub.rtf import lines as rtf_lines
-from ..parity.regate import gated_outputs
-from ..parity.scores import as_json_db, min_snr_db
 from .view import fmt_db
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected", None: "—"}

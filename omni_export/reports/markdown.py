@@ -174,8 +174,6 @@ def _end_to_end(m: dict) -> list[str]:
 
 def _repair(m: dict) -> list[str]:
     """Precision repair (jobs/repair.py): per searched component x precision, its result and search table."""
-    from ..jobs.repair import table
-
     out = []
     for comp, rec in sorted((m.get("components") or {}).items()):
         for pv, search in sorted(((rec or {}).get("repair") or {}).items()):
@@ -192,8 +190,20 @@ def _repair(m: dict) -> list[str]:
                     head += " (sizes: " + "; ".join(parts) + ")"
             else:
                 head = f"{md(comp)} {md(pv)} rejected; repair found no passing variant: {md(search.get('stopped') or '')}"
-            out += ["", f"Precision repair: {head}", ""] + table(search)
+            out += ["", f"Precision repair: {head}", ""] + _repair_table(search)
     return out
+
+
+def _repair_table(search: dict) -> list[str]:
+    """A precision-repair search (jobs/repair.py) as markdown table lines."""
+    lines = ["| step | kept in float | gated SNR | verdict | weight bytes still quantized |",
+             "|---|---|---|---|---|"]
+    for s in search.get("steps", []):
+        db = "—" if s.get("snr_db") is None else f"{s['snr_db']:.1f} dB"
+        share = "—" if s.get("integer_share") is None else f"{100 * s['integer_share']:.1f} %"
+        kept = ", ".join(s.get("kept_float") or []) or "(none)"
+        lines.append(f"| {s['step']} | {kept} | {db} | {s.get('verdict', s.get('error', ''))} | {share} |")
+    return lines
 
 
 def _weakest(m: dict) -> list[str]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..parity.regate import gated_outputs
-from ..parity.scores import gated, min_snr_db, num
+from ..artifacts.scores import gated, gated_outputs, min_snr_db, num
 
 
 @dataclass(frozen=True)

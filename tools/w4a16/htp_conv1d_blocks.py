@@ -3,7 +3,7 @@
 import numpy as np
 from onnx import helper, numpy_helper, TensorProto as TP
 from omni_export import qnn_ep
-from omni_export.exporters.onnx import _int4_tensor
+from omni_export.exporters.onnxfile import int4_tensor
 import onnxruntime as ort
 rng = np.random.default_rng(0)
 O, I, KS, T, B = 64, 256, 7, 32, 64
@@ -16,7 +16,7 @@ def model(kind):
     else:
         wb = W.reshape(O, I // B, B, KS); s = (np.abs(wb).max(2) / 7).astype(np.float32)   # [O, I/B, KS]
         q = np.clip(np.rint(wb / s[:, :, None, :]), -8, 7).astype(np.int8).reshape(W.shape); attrs = {"axis": 1, "block_size": B}
-    inits = [_int4_tensor("wq", q), numpy_helper.from_array(s, "ws"), _int4_tensor("wz", np.zeros(s.shape, np.int8)),
+    inits = [int4_tensor("wq", q), numpy_helper.from_array(s, "ws"), int4_tensor("wz", np.zeros(s.shape, np.int8)),
              numpy_helper.from_array(np.array(6 / 32768, np.float32), "xs"), numpy_helper.from_array(np.array(32768, np.uint16), "xz"),
              numpy_helper.from_array(np.array(60 / 32768, np.float32), "ys"), numpy_helper.from_array(np.array(32768, np.uint16), "yz")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),

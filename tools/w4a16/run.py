@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from omni_export import qnn_ep  # noqa: E402
 from omni_export.core import Precision  # noqa: E402
 from omni_export.exporters import onnx as ox  # noqa: E402
-from omni_export.parity.runners import RunnerSpec, run_all  # noqa: E402
+from omni_export.runtime.runners import RunnerSpec, run_all  # noqa: E402
 
 W = Path("/tmp/w4/exp")
 

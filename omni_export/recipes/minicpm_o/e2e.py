@@ -32,7 +32,7 @@ E2E_GRAPHS = ("tts_condition", "tts_prefill", "tts_decode")
 
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
-    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     n = int(model.options["e2e-codes"])
     if n == 0:
@@ -125,7 +125,7 @@ def _token2wav_scores(row: dict, model, mel: tuple, wav: tuple) -> dict:
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str, fp32_on_cpu: bool = True) -> bool:
-    from ..qwen3_tts.graphs import placed_build
+    from ...runtime.graphs import placed_build
 
     return placed_build(manifest, graph, runner, prec, fp32_on_cpu) is not None
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifacts.manifest import weight_files
 from ...core import Graph, Samples, UsageError, resolve_specs
-from ...weights import weight_files
 from . import checkpoint as ck
 from . import host
 from .recipe import RECIPE
@@ -80,7 +80,7 @@ class MiniCPMO:
 
     @cached_property
     def rope(self) -> tuple[np.ndarray, np.ndarray]:
-        from .modules import rope_table
+        from ...modeling.rope import rope_table
 
         cos, sin = rope_table(int(self.options["context-length"]), self.cfg.head_dim, self.cfg.rope_theta)
         return cos.numpy(), sin.numpy()
@@ -220,7 +220,7 @@ class MiniCPMO:
 
     def _capture_all(self) -> dict:
         from ...artifacts.manifest import hash_arrays
-        from ..qwen3_tts.graphs import Capture, EagerGraphs
+        from ...runtime.graphs import Capture, EagerGraphs
 
         eager = EagerGraphs(self)
         result = {}

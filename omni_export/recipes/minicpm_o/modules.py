@@ -25,21 +25,8 @@ from torch import nn
 
 from ...attention import attend
 from ...blocks import Block, BlockChain
+from ...modeling.norm import RMSNorm
 from .checkpoint import TTSConfig
-
-
-class RMSNorm(nn.Module):
-    """LlamaRMSNorm, written x / sqrt(mean(x^2) + eps): the same value, but QNN's HTP runs the quantized
-    (w8a16) Rsqrt badly. Measured on the simulator (RMSNorm + Linear, soc 69, w8a16): rsqrt 7.4 dB
-    vs 42.6 dB on ORT CPU for the same QDQ file; 1 / sqrt 31.9 dB on both."""
-
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x):
-        return self.weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps))
 
 
 def _linear(w: torch.Tensor, b: torch.Tensor | None = None) -> nn.Linear:
@@ -47,14 +34,6 @@ def _linear(w: torch.Tensor, b: torch.Tensor | None = None) -> nn.Linear:
         lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
     lin.load_state_dict({"weight": w, **({"bias": b} if b is not None else {})}, assign=True)
     return lin.requires_grad_(False)
-
-
-def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [positions, head_dim] as HF's LlamaRotaryEmbedding computes them (default rope, fp32)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    ang = torch.arange(positions).float()[:, None] * inv[None, :]
-    emb = torch.cat([ang, ang], dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def _rotate(x, cos, sin):

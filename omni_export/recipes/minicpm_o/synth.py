@@ -63,7 +63,7 @@ def run(**kw) -> dict:
     """Returns a summary; raises UsageError for bad input."""
     import tempfile
 
-    from ..qwen3_tts.synth import check_output_file, checkpoint_name, npy_path
+    from ...runtime.synth import check_output_file, checkpoint_name, npy_path
     from . import model as M
 
     for key, option in (("codes_out", "--codes-out"), ("mel_out", "--mel-out"), ("wav", "--wav")):
@@ -80,7 +80,7 @@ def _run(model, build, kw, name: str) -> dict:
 
     from ...artifacts.manifest import read_manifest
     from ...core import UsageError
-    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     if kw["max_codes"] < 1 or kw["min_new_tokens"] < 0:
         raise UsageError("--max-codes must be >= 1 and --min-new-tokens >= 0")
@@ -111,7 +111,8 @@ def _run(model, build, kw, name: str) -> dict:
     finally:
         if build:
             graphs.close()
-    from ..qwen3_tts.synth import npy_path, save_output, write_wav
+    from ...modeling.audio import write_wav
+    from ...runtime.synth import npy_path, save_output
 
     if kw.get("codes_out"):
         save_output(npy_path(kw["codes_out"]), "--codes-out", lambda p: np.save(p, gen.codes.astype(np.int64)))
@@ -143,7 +144,7 @@ def _utterance(model, kw, name: str):
     ids = kw.get("text_ids")
     if not ids:
         raise UsageError("--hidden-states needs --text-ids (the spoken token ids, one per hidden-state row)")
-    from ..qwen3_tts.synth import check_ids
+    from ...runtime.synth import check_ids
 
     vocab = model.cfg.num_text_tokens
     if ids.endswith(".npy"):

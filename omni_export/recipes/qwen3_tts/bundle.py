@@ -211,7 +211,7 @@ def synth(kw: dict) -> dict:
     runtime.json (checked: schema, paths, sha256), its graphs and its host data; the host loop is
     synth's own (synth._run over graphs.BuildGraphs.from_bundle)."""
     from ...artifacts.bundle import read_runtime
-    from .graphs import BuildGraphs
+    from ...runtime.graphs import BuildGraphs
     from .synth import _run
 
     for flag in ("build", "checkpoint"):

@@ -52,7 +52,7 @@ def _why_skipped(manifest: dict, missing: list[str], precision: str) -> str:
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     """runners: {runner kind (ort | htp | pte): precisions}; returns one row per (precision, runner)."""
-    from .graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     if int(model.options["e2e-frames"]) == 0:
         progress.note("end-to-end parity skipped (--e2e-frames 0)")
@@ -109,7 +109,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    from .graphs import RUNNER_FORMATS
+    from ...runtime.graphs import RUNNER_FORMATS
 
     fmt = RUNNER_FORMATS[runner][0]
     repaired = prec + "-mixed"          # precision repair's build stands in for a rejected one (placed_build)

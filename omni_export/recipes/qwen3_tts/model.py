@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifacts.manifest import weight_files
 from ...captured import RECORD_BUDGET_BYTES
 from ...core import Graph, Samples, UsageError, resolve_specs, variant_base, variant_name
-from ...weights import require_regular_file, weight_files
+from ...weights import require_regular_file
 from . import checkpoint as ck
 from . import host, prompts
 from .config import talker_split
@@ -419,7 +420,7 @@ class Qwen3TTS:
 
     def _capture_all(self) -> dict:
         from ...artifacts.manifest import hash_arrays
-        from .graphs import Capture, EagerGraphs
+        from ...runtime.graphs import Capture, EagerGraphs
 
         eager = EagerGraphs(self)
         result = {}
@@ -546,7 +547,7 @@ def load_voices(path: Path, model, option: str = "--speaker-calibration") -> lis
     files of `path` in name order, each read as `synth --ref-audio` reads one (24 kHz mono) and at least
     as long as the speaker encoder takes; errors name `option`."""
     from .speaker import mel_frames, shortest
-    from .synth import read_wav
+    from ...modeling.audio import read_wav
 
     if model.cfg.tts_model_type != "base":
         raise UsageError(f"{option} calibrates a Base checkpoint's speaker and speech encoders; this one is "

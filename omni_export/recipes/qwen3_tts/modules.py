@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...blocks import Block, BlockChain
+from ...modeling.rope import rope_table
 from .checkpoint import Code2WavConfig
 
 # Additive attention mask value. Finite and moderate so that quantized graphs keep a fine
@@ -160,13 +161,6 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def rope_tables(positions: int, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    freqs = torch.arange(positions).float()[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
-
-
 def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -243,7 +237,7 @@ class PreTransformer(Block):
         self.output_proj = nn.Linear(c.hidden_size, c.latent_dim)
         self.layers = nn.ModuleList(TransformerLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        cos, sin = rope_tables(frames, c.attn_head_dim, c.rope_theta)
+        cos, sin = rope_table(frames, c.attn_head_dim, c.rope_theta)
         self.register_buffer("cos", cos[None, None], persistent=False)
         self.register_buffer("sin", sin[None, None], persistent=False)
         i = torch.arange(frames)[:, None]
@@ -438,4 +432,4 @@ def frames_to_samples(c: Code2WavConfig, frames: int) -> int:
     return frames * c.samples_per_frame
 
 
-__all__ = ["build_code2wav", "crop_to_chunk", "mask_at", "rope_tables", "MASK_VALUE", "math"]
+__all__ = ["build_code2wav", "crop_to_chunk", "mask_at", "MASK_VALUE", "math"]

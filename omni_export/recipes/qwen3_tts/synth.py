@@ -6,10 +6,12 @@ without importing torch); the work happens in `run`.
 from __future__ import annotations
 
 import json
-import wave
 from pathlib import Path
 
 import click
+
+from ...modeling.audio import read_wav, write_wav
+from ...runtime.synth import check_ids, check_output_file, checkpoint_name, context_hint, npy_path, save_output
 
 HELP = """Synthesise speech with a Qwen3-TTS checkpoint, through the fp32 reference modules or through
 the exported graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone (--bundle DIR).
@@ -58,71 +60,6 @@ def _ids(text: str | None, option: str = "--text-ids") -> list[int] | None:
         from ...core import UsageError
 
         raise UsageError(f"{option} takes comma-separated integers") from None
-
-
-def checkpoint_name(given) -> str:
-    """The checkpoint as messages name it: the demo one is written to a scratch directory that is gone
-    by the time the message is read."""
-    return str(given) if given else "the demo checkpoint"
-
-
-def check_ids(ids, vocab: int, option: str, checkpoint: str, tokenized: bool = False) -> None:
-    """Token ids against a vocabulary of `vocab` entries, before any work: a negative id would wrap
-    around to the table's end unseen, one past it be an IndexError deep in the first graph call.
-    `tokenized`: the checkpoint's tokenizer made them from `option`'s text (then the files disagree)."""
-    from ...core import UsageError
-
-    bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
-    if bad is None:
-        return
-    if tokenized:
-        raise UsageError(f"{checkpoint}: the tokenizer gives id {bad} for {option} but the text vocabulary is "
-                         f"0..{vocab - 1}; tokenizer and weights do not belong together")
-    raise UsageError(f"{option}: {bad} is outside the text vocabulary 0..{vocab - 1} of {checkpoint}")
-
-
-def check_output_file(path, option: str) -> Path:
-    """An output file's path before any work (a FIFO would block the write forever, a directory or
-    device fail it or swallow it after minutes of generation): a regular file or nothing yet, under
-    a directory that exists or can be made. Returns the path."""
-    import os
-    import stat
-
-    from ...core import UsageError
-
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as e:
-        raise UsageError(f"{option} {path} cannot be written ({e.strerror})") from None
-    if mode is not None and stat.S_ISDIR(mode):
-        raise UsageError(f"{option} {path} is a directory; pass a file path")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise UsageError(f"{option} {path} is not a regular file (a FIFO, device or socket); pass a file path")
-    parent = next((d for d in path.absolute().parents if d.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is not a directory")
-    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: {parent} is not writable")
-    return path
-
-
-def npy_path(path) -> Path:
-    """Where numpy.save writes `path` (it adds .npy to a name without it)."""
-    return Path(str(path) if str(path).endswith(".npy") else f"{path}.npy")
-
-
-def save_output(path, option: str, write) -> None:
-    """`write(path)`, an OSError (disk full, a path made unwritable meanwhile) as one line."""
-    from ...core import UsageError
-
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        write(path)
-    except OSError as e:
-        raise UsageError(f"{option} {path} cannot be written ({e.strerror or e})") from None
 
 
 def options() -> list:
@@ -213,16 +150,7 @@ def run(**kw) -> dict:
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:   # the demo checkpoint, if any
         summary = _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
-    if kw.get("record_latency"):
-        from ...hub.latency import record
-
-        if summary.get("ttfa_ms") is None:
-            summary.setdefault("notes", []).append("--record-latency: nothing recorded, this run did not stream "
-                                                  "(it has no time to first audio)")
-        else:
-            record(build, summary, kw["runner"])
-            summary["recorded_in"] = str(build / "manifest.json")
-    return summary
+    return summary          # --record-latency: the CLI records it (cli.py _record_latency; hub/latency.py)
 
 
 def _run(model, build, kw, name: str, graphs=None) -> dict:
@@ -230,7 +158,7 @@ def _run(model, build, kw, name: str, graphs=None) -> dict:
     import numpy as np
 
     from ...artifacts.manifest import read_manifest
-    from .graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
     from .host import frame_cannot_honour
     from .latency import Latency
 
@@ -395,13 +323,13 @@ def _request(model, kw, build, name: str):
 
             voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate)
             check_reference(len(voice), model.speaker_frames, shortest(cfg.speaker_encoder), model.speech.sample_rate,
-                            f"--ref-audio {kw['ref_audio']}", context_hint("qwen3-tts", build, "speaker-frames"))
+                            f"--ref-audio {kw['ref_audio']}", context_hint(_page(), build, "speaker-frames"))
             if refs is not None:        # its codes come from the encoder graph; their count is known now
                 from .speech_encoder import check_reference as check_encoder_window
 
                 n = check_encoder_window(len(voice), model.encoder_frames, model.speech.config.samples_per_frame,
                                          model.speech.sample_rate, f"--ref-audio {kw['ref_audio']}",
-                                         context_hint("qwen3-tts", build, "encoder-frames"))
+                                         context_hint(_page(), build, "encoder-frames"))
                 req.ref_ids, req.ref_codes = refs, np.zeros((n, cfg.predictor.num_code_groups), np.int64)
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
@@ -434,18 +362,7 @@ def _check_context(model, req, text_option: str, ins_option: str | None, build) 
     if ins_option:
         given += f" and {ins_option}: {len(req.instruct_ids)} tokens"
     raise UsageError(f"{given} need {need} talker positions with the prompt; the context holds {context} "
-                     f"(--context-length); shorten the text, or {context_hint('qwen3-tts', build)}")
-
-
-def context_hint(recipe: str, build, option: str = "context-length") -> str:
-    """How to get a larger context (or another static size, `option`): synth runs the build's (or,
-    without --build, the recipe's default)."""
-    from ...recipes import get_recipe
-
-    top = next(o.range[1] for o in get_recipe(recipe).options if o.name == option)
-    if build:
-        return f"rebuild {build} with a larger --{option} (at most {top})"
-    return f"build with a larger --{option} (at most {top}) and synth --build it"
+                     f"(--context-length); shorten the text, or {context_hint(_page(), build)}")
 
 
 def _gen_kwargs(model, kw) -> tuple[dict, list[str]]:
@@ -505,43 +422,7 @@ def _read_codes(path: Path, model):
     return load_code_sequences(path, c.num_quantizers, c.codebook_size, "--codes")[0].astype(np.int64)
 
 
-def write_wav(path: Path, wav, sr: int) -> None:
-    import numpy as np
+def _page():
+    from .recipe import RECIPE
 
-    pcm = (np.clip(np.asarray(wav, np.float32), -1, 1) * 32767).round().astype("<i2")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sr)
-        w.writeframes(pcm.tobytes())
-
-
-def read_wav(path: Path, sr: int, option: str = "--ref-audio"):
-    """Mono float32 at `sr` from a PCM WAV (16/32-bit int); channels averaged, resampled if needed.
-    Errors name `option`, the flag that gave the file."""
-    import numpy as np
-
-    from ...core import UsageError
-
-    from ...weights import check_side_file
-
-    check_side_file(Path(path), "reference audio")
-    try:
-        with wave.open(str(path), "rb") as w:
-            ch, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
-            raw = w.readframes(n)
-    except (wave.Error, EOFError, OSError) as e:
-        raise UsageError(f"{option} {path}: not a PCM WAV file ({e})") from None
-    if width not in (2, 4):
-        raise UsageError(f"{option} {path}: {8 * width}-bit samples; use 16- or 32-bit PCM")
-    x = np.frombuffer(raw, dtype="<i2" if width == 2 else "<i4").astype(np.float32) / (2 ** (8 * width - 1))
-    x = x.reshape(-1, ch).mean(axis=1)
-    if rate != sr:
-        from math import gcd
-
-        from scipy.signal import resample_poly
-
-        g = gcd(rate, sr)
-        x = resample_poly(x, sr // g, rate // g).astype(np.float32)
-    return x
+    return RECIPE

@@ -27,6 +27,7 @@ from torch import nn
 
 from ...attention import attend
 from ...halfsums import SUM_TERMS, linear as short_linear, pairwise, spans
+from ...modeling.rope import rope_table
 from .config import DecoderGeometry, ModelConfig, talker_split
 
 PREDICTOR_SLOTS = 17
@@ -67,14 +68,6 @@ class RMSNorm(nn.Module):
         else:
             ms = (x * x).mean(-1, keepdim=True)
         return self.weight * (x / torch.sqrt(ms + self.eps))
-
-
-def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [positions, head_dim] exactly as upstream computes them in fp32."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    ang = torch.arange(positions).float()[:, None] * inv[None, :]
-    emb = torch.cat([ang, ang], dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def _rotate(x, cos, sin):

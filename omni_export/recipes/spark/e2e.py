@@ -14,11 +14,10 @@ import numpy as np
 from ...parity.metrics import TIE_MARGIN
 
 TOKEN_AGREEMENT_MIN = 0.95
-RUNNER_FORMAT = {"ort": "onnx", "htp": "ctx", "pte": "pte"}
 
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
-    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     n = int(model.options["e2e-tokens"])
     if n == 0:
@@ -51,7 +50,9 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    fmt = RUNNER_FORMAT[runner]
+    from ...runtime.graphs import RUNNER_FORMATS
+
+    fmt = RUNNER_FORMATS[runner][0]
     return any(b["component"] == graph and b["format"] == fmt and b["precision"] == prec and
                b["status"] == "accepted" for b in manifest["builds"])
 

@@ -14,20 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core import UsageError
+from ...modeling.rope import rope_table
 from ...progress import frames as frame_meter
 from .config import FULL, SLIDING, SparkConfig
 
 MASK = -100.0          # additive mask value (fp16- and uint16-friendly; exp(-100) is below fp32 resolution)
-
-
-def rope_table(positions: np.ndarray, rotary_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [len(positions), rotary_dim], computed as upstream does (fp32 inv_freq, cat(f, f))."""
-    import torch
-
-    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-    ang = torch.from_numpy(np.asarray(positions, np.float32))[:, None] * inv[None, :]
-    emb = torch.cat([ang, ang], dim=-1)
-    return emb.cos().numpy(), emb.sin().numpy()
 
 
 @dataclass
@@ -66,8 +57,8 @@ class KVState:
         if pad is not None and n < block:
             x[0, n:] = pad
         positions = np.arange(self.pos, self.pos + block)
-        cf, sf = rope_table(positions, c.rotary_dim(FULL), c.rope_theta(FULL))
-        cs, ss = rope_table(positions, c.rotary_dim(SLIDING), c.rope_theta(SLIDING))
+        cf, sf = (t.numpy() for t in rope_table(positions, c.rotary_dim(FULL), c.rope_theta(FULL)))
+        cs, ss = (t.numpy() for t in rope_table(positions, c.rotary_dim(SLIDING), c.rope_theta(SLIDING)))
         causal = np.where(np.tril(np.ones((block, block), bool)), 0.0, MASK).astype(np.float32)
         mf = np.full((1, 1, block, self.context + block), MASK, np.float32)
         mf[..., :self.pos] = 0.0

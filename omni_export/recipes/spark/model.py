@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...artifacts.manifest import weight_files
 from ...core import Graph, Samples, UsageError, resolve_specs
-from ...weights import weight_files
 from . import checkpoint as ck
 from . import host, prompts
 from .config import FULL, SLIDING, SparkConfig
@@ -141,7 +141,7 @@ class Spark:
     def _capture(self) -> dict:
         import torch
 
-        from ..qwen3_tts.graphs import Capture, EagerGraphs
+        from ...runtime.graphs import Capture, EagerGraphs
 
         threads = torch.get_num_threads()
         if self.cfg.hidden_size <= 256:          # tiny graphs: thread hand-offs cost more than they save

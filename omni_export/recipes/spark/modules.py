@@ -26,20 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...attention import attend
+from ...modeling.norm import RMSNorm
 from .config import FULL, SparkConfig
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x):
-        # x / sqrt(.) rather than x * rsqrt(.): the same in fp32, but on the HTP in w8a16 the
-        # Reciprocal of the small-range sqrt output scored 3.6 dB where the Div scores 32 dB
-        # (QNN 2.51 simulator, tiny demo, layer 0's input norm alone).
-        return self.weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps))
 
 
 def _linear(t: dict, name: str) -> nn.Linear:

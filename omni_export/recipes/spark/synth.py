@@ -43,7 +43,7 @@ def run(**kw) -> dict:
     import tempfile
 
     from ...core import UsageError
-    from ..qwen3_tts.synth import checkpoint_name
+    from ...runtime.synth import checkpoint_name
     from . import model as M
 
     if kw.get("max_tokens") is None or kw["max_tokens"] < 1:
@@ -56,7 +56,7 @@ def run(**kw) -> dict:
 
 def _run(model, build, kw, name: str) -> dict:
     from ...artifacts.manifest import read_manifest
-    from ..qwen3_tts.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     ids = _prompt(model, kw, build, name)
     graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
@@ -79,7 +79,8 @@ def _prompt(model, kw, build, name: str) -> list[int]:
     against the context, before any graph runs."""
     from ...core import UsageError
     from ...text_tokenizer import MissingTokenizer
-    from ..qwen3_tts.synth import check_ids, context_hint
+    from ...runtime.synth import check_ids, context_hint
+    from .recipe import RECIPE
 
     if kw.get("prompt_ids"):
         option = "--prompt-ids"
@@ -100,7 +101,7 @@ def _prompt(model, kw, build, name: str) -> list[int]:
     if ids and need > context:
         raise UsageError(f"{option}: {len(ids)} tokens and --max-tokens {kw['max_tokens']} need {need} positions; "
                          f"the context holds {context} (--context-length); shorten the prompt, lower --max-tokens, "
-                         f"or {context_hint('spark', build)}")
+                         f"or {context_hint(RECIPE, build)}")
     return ids
 
 

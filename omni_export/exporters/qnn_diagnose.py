@@ -14,7 +14,7 @@ node up in the ONNX graph: op type, input and output shapes, and the block of a 
 finalize (QNN_COMMON_ERROR_MEM_ALLOC) names no op even at verbose level: nothing is compiled again,
 the graph's largest activation is named as the likely node (`finalize_suspect`).
 
-    python -m omni_export.qnn_diagnose < {"model": PATH, "options": {...}}     # the child
+    python -m omni_export.exporters.qnn_diagnose < {"model": PATH, "options": {...}}     # the child
 """
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def avoid(op_type: str | None, rewrites_on: tuple[str, ...] = ()) -> str:
     """What may avoid a failure on `op_type`: the HTP-safe rewrite that replaces the op, if one does."""
     if not op_type:
         return ""
-    from .exporters.rewrites import REWRITES
+    from .rewrites import REWRITES
 
     names = [r.name for r in REWRITES.values() if op_type in r.onnx_ops]
     if not names:
@@ -208,7 +208,7 @@ def diagnose(model: Path, options: dict, rewrites_on: tuple[str, ...] = (), time
     failed and why. {} when the child compiled it (the failure did not reproduce) or said nothing."""
     req = json.dumps({"model": str(model), "options": dict(options)})
     try:
-        proc = subprocess.run([sys.executable, "-m", "omni_export.qnn_diagnose"], input=req, text=True,
+        proc = subprocess.run([sys.executable, "-m", "omni_export.exporters.qnn_diagnose"], input=req, text=True,
                               capture_output=True, timeout=timeout or TIMEOUT_S,
                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
     except subprocess.TimeoutExpired:
@@ -314,7 +314,7 @@ def run_failure(error: str, runner_kind: str) -> str:
 
 def _child() -> int:
     req = json.loads(sys.stdin.read())
-    from . import qnn_ep
+    from .. import qnn_ep
 
     ort, _ = qnn_ep._register()
     ort.set_default_logger_severity(0)

@@ -7,10 +7,9 @@ the document a top-level "hub" (device, QAIRT pin, summary, RTF estimate).
 """
 from __future__ import annotations
 
-
+from ..artifacts.scores import as_json_db, gated_outputs, min_snr_db
 from ..core import strict_json
-from .regate import gated_outputs
-from .scores import as_json_db, min_snr_db
+from .hub import parity_device, parity_hub
 
 PARITY_SCHEMA_VERSION = 2
 PROVENANCE_KEYS = ("omni-export", "omni-export-git", "torch", "executorch", "onnxruntime",
@@ -37,18 +36,6 @@ def parity_json(m: dict, regated: dict | None = None) -> dict:
         "regated": regated,
         **({"hub": parity_hub(m)} if m.get("hub") else {}),
     })
-
-
-def parity_device(m: dict, b: dict):
-    from ..reports.hub import parity_device as device
-
-    return device(m, b)
-
-
-def parity_hub(m: dict):
-    from ..reports.hub import parity_hub as hub
-
-    return hub(m)
 
 
 def _build(m: dict, b: dict) -> dict:

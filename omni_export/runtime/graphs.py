@@ -1,5 +1,6 @@
-"""Ways to run the Qwen3-TTS graphs by name: fp32 eager modules, or the artifacts of a build on a
-runner (ONNX Runtime, the HTP simulator, ExecuTorch). The host loop only sees `graphs(name, inputs)`.
+"""Ways to run a recipe's graphs by name: fp32 eager modules, or the artifacts of a build on a
+runner (ONNX Runtime, the HTP simulator, ExecuTorch). A host loop only sees `graphs(name, inputs)`.
+Shared by every recipe (no recipe is named here).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ...core import UsageError
+from ..core import UsageError
 
 
 class GraphSet(Protocol):
@@ -55,7 +56,7 @@ class BuildGraphs:
     closes the least recently used (at 1.7B the talker's prefill and decode sessions at fp16 would
     not both fit beside the build on 24 GiB; the prefill runs once per prompt).
 
-    lean: ONNX Runtime CPU sessions keep the weights in the file's pages (parity.runners.open_runner):
+    lean: ONNX Runtime CPU sessions keep the weights in the file's pages (runtime.runners.open_runner):
     ~4x slower per talker step, ~1.8 GiB less per 0.6B talker session."""
 
     SESSION_FACTOR = 3      # an fp16 ONNX on ORT CPU folds its weights to fp32 (2x) beside the fp16 copy
@@ -64,7 +65,7 @@ class BuildGraphs:
     def __init__(self, out: Path, runner: str, precision: str | None = None, allow_rejected: bool = False,
                  manifest: dict | None = None, fp32_on_cpu: bool = True, max_open_bytes: int | None = None,
                  lean: bool = False):
-        from ...parity.runners import RunnerSpec
+        from .runners import RunnerSpec
 
         if runner not in RUNNER_FORMATS:
             raise UsageError(f"unknown runner '{runner}'; valid: {', '.join(RUNNER_FORMATS)}")
@@ -103,8 +104,8 @@ class BuildGraphs:
         """The graphs of a bundle (artifacts/bundle.py; `rt` its checked runtime.json), each on the
         runtime of its format: a context binary on the HTP simulator with the options it was scored
         with, ONNX on ONNX Runtime CPU, .pte on ExecuTorch. A DLC runs on the phone's QNN runtime only."""
-        from ...artifacts.bundle import RUNTIMES, provider_options
-        from ...parity.runners import RunnerSpec
+        from ..artifacts.bundle import RUNTIMES, provider_options
+        from .runners import RunnerSpec
 
         self = cls.__new__(cls)
         self._m, self.runner, self._asked = None, "bundle", None
@@ -137,7 +138,7 @@ class BuildGraphs:
             raise UsageError(f"{path}: unreadable ({e})") from None
 
     def __call__(self, name: str, inputs: dict) -> dict:
-        from ...parity.runners import open_runner
+        from .runners import open_runner
 
         if name not in self.specs:
             raise UsageError(self.why_missing(name))
@@ -153,7 +154,7 @@ class BuildGraphs:
 
     def open(self, names) -> None:
         """Open these graphs' sessions now (synth's latency figures leave session creation out)."""
-        from ...parity.runners import open_runner
+        from .runners import open_runner
 
         for name in names:
             if name not in self._runners:
@@ -205,12 +206,12 @@ class BuildGraphs:
             self._runners.pop(oldest).close()
             closed = True
         if closed:
-            from ...memory import trim_heap
+            from ..memory import trim_heap
 
             trim_heap()
 
     def close(self) -> None:
-        from ...memory import trim_heap
+        from ..memory import trim_heap
 
         for r in self._runners.values():
             r.close()
@@ -251,7 +252,7 @@ def _runner_options(m: dict, kind: str):
     def opts(precision: str) -> dict:
         if kind != "qnn-htp":
             return {}
-        from ... import qnn_ep
+        from .. import qnn_ep
 
         t = m["target"]
         return qnn_ep.provider_options(t["soc_model"], t["htp_arch"], fp16=precision == "fp16",
@@ -264,7 +265,7 @@ class Capture:
     compactly and, past a byte budget per graph, thinned evenly (omni_export/captured.py)."""
 
     def __init__(self, inner: GraphSet):
-        from ...captured import CallRecorder
+        from ..captured import CallRecorder
 
         self.inner = inner
         self._recorders: dict[str, CallRecorder] = {}

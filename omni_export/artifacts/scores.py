@@ -44,6 +44,11 @@ def score_from_json(d: dict) -> OutputScore:
                        finite=finite, top1=d.get("top1"), against=d.get("against"))
 
 
+def gated_outputs(manifest: dict, component: str) -> tuple[str, ...]:
+    """The outputs the gate looked at, as recorded (empty = all)."""
+    return tuple(manifest["components"].get(component, {}).get("gated_outputs") or ())
+
+
 def gated(outputs: Sequence[dict], names: Sequence[str]) -> list[dict]:
     """The outputs the gate looks at (all when `names` is empty)."""
     return [o for o in outputs if not names or o["name"] in names]

@@ -1,0 +1,1 @@
+"""Model parts shared by the recipes (audio files, norms, RoPE tables). Knows no recipe."""

@@ -1,0 +1,82 @@
+"""What every recipe's `omni-export synth` shares: messages naming the checkpoint, token-id checks,
+output files checked before any work and written as one-line errors, and the context-size hint.
+
+Only the standard library is imported at module load (the CLI lists synth commands without torch).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def checkpoint_name(given) -> str:
+    """The checkpoint as messages name it: the demo one is written to a scratch directory that is gone
+    by the time the message is read."""
+    return str(given) if given else "the demo checkpoint"
+
+
+def check_ids(ids, vocab: int, option: str, checkpoint: str, tokenized: bool = False) -> None:
+    """Token ids against a vocabulary of `vocab` entries, before any work: a negative id would wrap
+    around to the table's end unseen, one past it be an IndexError deep in the first graph call.
+    `tokenized`: the checkpoint's tokenizer made them from `option`'s text (then the files disagree)."""
+    from ..core import UsageError
+
+    bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
+    if bad is None:
+        return
+    if tokenized:
+        raise UsageError(f"{checkpoint}: the tokenizer gives id {bad} for {option} but the text vocabulary is "
+                         f"0..{vocab - 1}; tokenizer and weights do not belong together")
+    raise UsageError(f"{option}: {bad} is outside the text vocabulary 0..{vocab - 1} of {checkpoint}")
+
+
+def check_output_file(path, option: str) -> Path:
+    """An output file's path before any work (a FIFO would block the write forever, a directory or
+    device fail it or swallow it after minutes of generation): a regular file or nothing yet, under
+    a directory that exists or can be made. Returns the path."""
+    import os
+    import stat
+
+    from ..core import UsageError
+
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise UsageError(f"{option} {path} cannot be written ({e.strerror})") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"{option} {path} is a directory; pass a file path")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"{option} {path} is not a regular file (a FIFO, device or socket); pass a file path")
+    parent = next((d for d in path.absolute().parents if d.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{option} {path}: {parent} is not a directory")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {parent} is not writable")
+    return path
+
+
+def npy_path(path) -> Path:
+    """Where numpy.save writes `path` (it adds .npy to a name without it)."""
+    return Path(str(path) if str(path).endswith(".npy") else f"{path}.npy")
+
+
+def save_output(path, option: str, write) -> None:
+    """`write(path)`, an OSError (disk full, a path made unwritable meanwhile) as one line."""
+    from ..core import UsageError
+
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+    except OSError as e:
+        raise UsageError(f"{option} {path} cannot be written ({e.strerror or e})") from None
+
+
+def context_hint(recipe, build, option: str = "context-length") -> str:
+    """How to get a larger context (or another static size, `option`): synth runs the build's (or,
+    without --build, the recipe's default). `recipe`: its page (core.Recipe)."""
+    top = next(o.range[1] for o in recipe.options if o.name == option)
+    if build:
+        return f"rebuild {build} with a larger --{option} (at most {top})"
+    return f"build with a larger --{option} (at most {top}) and synth --build it"
