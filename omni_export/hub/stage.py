@@ -278,8 +278,7 @@ def _rejudged(m: dict, b: dict) -> None:
     proxy note says so, with the device's lowest gated SNR."""
     import math
 
-    from ..parity.regate import gated_outputs
-    from ..artifacts.scores import as_json_db, min_snr_db
+    from ..artifacts.scores import as_json_db, gated_outputs, min_snr_db
 
     proxy, dev = b["parity"]["proxy"], b["hub"]["parity"]
     db = min_snr_db(dev.get("outputs") or [], gated_outputs(m, b["component"]))
