@@ -82,7 +82,7 @@ def choose(m: dict, picks: dict | None = None) -> dict[str, tuple[dict, str]]:
             raise UsageError(f"--pick {comp}={fmt}:{prec}: that build {what}; accepted {comp} builds: "
                              f"{', '.join(accepted) or 'none'}")
         out[comp] = (b, "--pick")
-    placement = (m.get("target") or {}).get("placement") or {}
+    placement = _placement(m)
     default_unit = "htp" if (m.get("target") or {}).get("htp_arch") else "cpu"
     for comp, info in m["components"].items():
         if comp in out:
@@ -176,7 +176,7 @@ def _graph(m: dict, comp: str, b: dict, why: str, rels: list[str]) -> dict:
     kind, how = RUNTIMES[b["format"]]
     t = m["target"]
     runtime = {"kind": kind, "how": how}
-    placement = "cpu" if info.get("fp32_on_cpu") and b["precision"] == "fp32" else (t.get("placement") or {}).get(comp)
+    placement = "cpu" if info.get("fp32_on_cpu") and b["precision"] == "fp32" else _placement(m).get(comp)
     if b["format"] == "ctx" or (b["format"] == "onnx" and placement == "htp"):
         runtime["provider_options"] = provider_options(t, b["precision"], (m.get("options") or {}).get("htp_optimization"))
     outs = [{"name": o["name"], **{k: o[k] for k in ("snr_db", "psnr_db", "agreement") if k in o},
@@ -333,3 +333,9 @@ def schema_error(rt) -> str | None:
     from .manifest import schema_error as first_violation
 
     return first_violation(rt, SCHEMA_FILE)
+
+
+def _placement(m: dict) -> dict:
+    """The manifest's {component: unit}, or {} when a damaged manifest holds something else there."""
+    p = (m.get("target") or {}).get("placement")
+    return p if isinstance(p, dict) else {}

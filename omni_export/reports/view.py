@@ -186,7 +186,8 @@ def caveats(m: dict, rows: list[BuildRow]) -> list[str]:
                    f"(docs/fp16-pte.md). Confirm them on a device (--hub) or on a CPU with AVX512-FP16.")
     target = m.get("target") or {}
     if target.get("htp_arch"):
-        placement = target.get("placement") or {}
+        placement = target.get("placement")
+        placement = placement if isinstance(placement, dict) else {}      # a damaged manifest: read, not trusted
         unchecked = [c for c in m.get("components", {})
                      if placement.get(c, "htp") == "htp"
                      and not any(r.component == c and (r.runner_kind == "qnn-htp" or r.hub) for r in rows)
