@@ -251,7 +251,7 @@ class Build:
         late = self.costs.late.get(self._sig, [])
         workers = executor.slots if executor is not None else 0
         eta = Eta(graph, self.costs, self.cache.checkpoint["digest"], max(1, workers), gate.budget if gate else None,
-                  late, self._weight_of)
+                  late, self._weight_of, self._sig)
         lines = plan_lines(the_plan, graph, sorted(self.components), workers,
                            executor.name if executor is not None else "-", eta.late)
         if executor is None:
@@ -277,6 +277,9 @@ class Build:
         # its first trace: its traces are kept apart, the fallback for a component never traced otherwise
         if any(not (r.info.get("capture") or {"hit": True}).get("hit", True) for r in self.runs.values()):
             records = [{**r, "id": r["id"] + " (capturing)"} if r["kind"] == "trace" else r for r in records]
+        from .jobs.eta import cost_id
+
+        records = [{**r, "id": cost_id(r["id"], r["kind"], self._sig)} for r in records]
         late = self.eta.eta.late_records() if self.eta is not None else []
         self.costs.observe(records, weights, self.cache.checkpoint["digest"], self._sig, late,
                            (self.cache.model_key(), self._available))

@@ -212,3 +212,17 @@ def test_the_heartbeat_names_what_runs_with_an_end_to_end_rows_frames(tmp_path):
     status = report.paced.status()
     assert status.startswith("... 1/2 jobs done, ETA ") and "end-to-end: fp16 on htp 3s of ~30s" in status
     assert "(teacher-forced: 1/8 frames, " in status
+
+
+def test_an_end_to_end_rows_cost_is_kept_per_build_signature(cache):
+    """The end-to-end row of a whole demo (~90 s) and of a Code2Wav-only run (skipped in 0.1 s) share the
+    job id end-to-end/fp16; one history for both put the demo's first ETA 38 % short (80809ce). Rows are
+    timed per build signature, other jobs per job id."""
+    m = E.CostModel.load()
+    for sig, s in (("whole", 90.0), ("part", 0.1), ("part", 0.1), ("part", 0.2)):
+        m.observe([{**rec(E.cost_id("end-to-end/fp16", "e2e", sig), "e2e", s), "component": None}], {}, "ck", sig, [])
+    g = JobGraph()
+    g.add(Job("end-to-end/fp16", "e2e"))
+    assert E.Eta(g, m, "ck", workers=2, budget=None, signature="whole").seconds(g.jobs["end-to-end/fp16"]) == (90.0, True)
+    assert E.Eta(g, m, "ck", workers=2, budget=None, signature="part").seconds(g.jobs["end-to-end/fp16"])[0] < 1
+    assert E.cost_id("c/export", "export", "whole") == "c/export"

@@ -219,6 +219,11 @@ class CostModel:
         return (self.weights.get(checkpoint) or {}).get(component) if component else None
 
 
+def cost_id(jid: str, kind: str, signature: str | None) -> str:
+    """See Eta.cost_id."""
+    return f"{jid} @{signature}" if kind == "e2e" and signature else jid
+
+
 def _trim(d: dict) -> None:
     while len(d) > MAX_MODELS:
         d.pop(next(iter(d)))
@@ -302,8 +307,9 @@ class Eta:
     """The remaining wall of a running job graph, from the cost model and graph.project_wall."""
 
     def __init__(self, graph, costs: CostModel, checkpoint: str, workers: int, budget: int | None,
-                 late: list[dict] = (), weight_of=None):
+                 late: list[dict] = (), weight_of=None, signature: str | None = None):
         self.graph, self.costs, self.checkpoint = graph, costs, checkpoint
+        self.signature = signature             # the build's signature: end-to-end rows are timed per build
         self.weight_of = weight_of or (lambda component: None)     # a component's weight bytes, once traced
         self.workers, self.budget = workers, budget
         self.initial = set(graph.jobs)
@@ -316,9 +322,15 @@ class Eta:
         weight = self._weight(job.component)
         key = (job.id, weight)
         if key not in self._memo:
-            self._memo[key] = self.costs.estimate(job.id, job.kind, job.component, weight)
+            self._memo[key] = self.costs.estimate(self.cost_id(job.id, job.kind), job.kind, job.component, weight)
         s = self._memo[key]
         return (s, True) if s is not None else (job.estimate, False)     # a default may change after the trace
+
+    def cost_id(self, jid: str, kind: str) -> str:
+        """The id a job's durations are kept under: an end-to-end row's cost depends on every graph of
+        the build, so its history is kept per build signature (a Code2Wav-only run's row, skipped in
+        0.1 s, said nothing of a whole demo's 90 s row)."""
+        return cost_id(jid, kind, self.signature)
 
     def _weight(self, component: str | None) -> int | None:
         w = self.weight_of(component) if component else None
@@ -360,7 +372,8 @@ class Eta:
             if deps and all(states[d] in ("done", "failed") for d in deps):
                 self.late.remove(r)                   # its moment passed: it will not come
                 continue
-            s = self.costs.estimate(r["id"], r["kind"], r["component"], self._weight(r["component"]))
+            s = self.costs.estimate(self.cost_id(r["id"], r["kind"]), r["kind"], r["component"],
+                                    self._weight(r["component"]))
             records.append({"id": r["id"], "deps": [d for d in deps if d in open_ids], "where": r["where"],
                             "seconds": s if s is not None else 30.0, "memory_bytes": r.get("memory_bytes") or 0,
                             "alone": r.get("alone")})
