@@ -443,7 +443,9 @@ def test_the_build_prints_its_plan_and_a_first_eta_before_any_job_ends(demo_run)
     eta = m["timings"]["eta"]
     assert eta["first_s"] > 0 and eta["jobs_wall_s"] > 0 and eta["first_said_at_s"] is not None
     costs = json.loads((Path(os.environ["OMNI_EXPORT_CACHE_DIR"]) / "costs.json").read_text())
-    assert {r["id"].split(" (")[0] for r in graph if r["state"] == "done"} <= {k.split(" (")[0] for k in costs["jobs"]}
+    kept = {k.split(" (")[0].split(" @")[0] for k in costs["jobs"]}     # e2e rows: "<id> @<build signature>"
+    assert {r["id"].split(" (")[0] for r in graph if r["state"] == "done"} <= kept
+    assert any(k.startswith("end-to-end/") and " @" in k for k in costs["jobs"]), sorted(costs["jobs"])
 
 
 def test_each_score_line_says_the_builds_verdict(demo_run):
