@@ -87,6 +87,17 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return shared_once(tmp_path_factory, "ckpt-tiny", lambda p: ck.write_checkpoint(p, seed=0))
 
 
+def golden_tool(name: str):
+    """tools/golden/<name>.py as a module: the tests write the checkpoints its goldens were made on with
+    its own writer (its module level imports only the standard library and omni_export)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "golden" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def upstream_base_checkpoint(root: Path, meta: dict, config_json: Path) -> Path:
     """The upstream-written tiny Base checkpoint of a golden's `meta`: our seeded tensors (upstream's
     save_pretrained wrote the same bytes: meta['tensors_equal_ours']), its EOS row biased as the

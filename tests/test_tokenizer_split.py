@@ -13,13 +13,12 @@ these tests write the same directories. The hand-written table below is derived 
 patterns themselves and checked against the library here (and against the goldens' pieces)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import golden_tool, run_cli
 from omni_export import text_tokenizer as tt
 from omni_export.core import UsageError
 
@@ -27,15 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "golden" / "qwen3_tts" / "text_split.json").read_text(encoding="utf-8"))
 
 
-def _writer():
-    spec = importlib.util.spec_from_file_location("make_tokenizer_split_goldens",
-                                                  ROOT / "tools" / "golden" / "make_tokenizer_split_goldens.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-W = _writer()
+W = golden_tool("make_tokenizer_split_goldens")
 TEMPLATE = GOLDEN["template"]
 V4573 = {"model_type": "qwen3_tts", "transformers_version": "4.57.3"}
 

@@ -46,15 +46,29 @@ def _mel(wav):
                            hop_size=256, win_size=1024, fmin=0, fmax=12000).transpose(1, 2)
 
 
+def upstream_model(config_dir: Path, tensors: dict):
+    """Upstream's Qwen3TTSForConditionalGeneration from a config.json directory (eager attention), the
+    tensors loaded; only the rotary tables it computes itself may be missing."""
+    import torch
+
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
+
+    cfg = Qwen3TTSConfig.from_pretrained(config_dir)
+    for c in (cfg, cfg.talker_config, cfg.talker_config.code_predictor_config):
+        c._attn_implementation = "eager"
+    m = Qwen3TTSForConditionalGeneration(cfg).eval()
+    missing, unexpected = m.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and not [x for x in missing if "rotary" not in x], (missing, unexpected)
+    return m
+
+
 def upstream_written(tmp: Path):
     """Our seeded Base checkpoint through upstream's model class and save_pretrained, read back."""
-    import torch
     from safetensors.numpy import load_file
     from safetensors.torch import load_file as load_torch
 
     from omni_export.recipes.qwen3_tts import checkpoint as ck
-    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
-    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
 
     _, size, kind, seed, requests = next(c for c in TALKER_CASES if c[0] == NAME)
     d = ck.write_checkpoint(tmp / "ours", seed=seed, size=size, kind=kind)
@@ -62,28 +76,19 @@ def upstream_written(tmp: Path):
     row = int(np.load(OUT / f"{NAME}.npz")["eos_row"])
     bias_eos(st, row)
 
-    def model_from(config_dir: Path, tensors: dict):
-        cfg = Qwen3TTSConfig.from_pretrained(config_dir)
-        for c in (cfg, cfg.talker_config, cfg.talker_config.code_predictor_config):
-            c._attn_implementation = "eager"
-        m = Qwen3TTSForConditionalGeneration(cfg).eval()
-        missing, unexpected = m.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-        assert not unexpected and not [x for x in missing if "rotary" not in x], (missing, unexpected)
-        return m
-
     saved = tmp / "upstream_saved"
-    model_from(d, st).save_pretrained(saved)
+    upstream_model(d, st).save_pretrained(saved)
     written = load_torch(saved / "model.safetensors")
     assert set(written) == set(st), sorted(set(written) ^ set(st))
     equal = all(np.array_equal(written[k].numpy(), st[k]) for k in st)
     try:        # upstream's own config class cannot read the config.json its save_pretrained wrote
-        model_from(saved, written)
+        upstream_model(saved, written)
         reread = "read back with upstream's Qwen3TTSConfig"
     except TypeError as e:
         reread = f"upstream's Qwen3TTSConfig.from_pretrained fails on it ({e}); tensors read into the model built from ours"
-    return model_from(d, written), d, saved, {"seed": seed, "size": size, "kind": kind, "eos_row": row,
-                                              "tensors_equal_ours": equal, "upstream_config_json": reread,
-                                              "requests": requests}
+    return upstream_model(d, written), d, saved, {"seed": seed, "size": size, "kind": kind, "eos_row": row,
+                                                  "tensors_equal_ours": equal, "upstream_config_json": reread,
+                                                  "requests": requests}
 
 
 def main() -> None:
