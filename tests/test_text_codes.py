@@ -92,3 +92,27 @@ def test_the_command_as_users_run_it(checkpoint, tmp_path):
     assert summary["text_split"] == "mistral" and "4.57.3" in summary["text_split_reason"]
     assert summary["text_ids"] == entry["ids"]
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), entry["codes"])
+
+
+def test_a_builds_prompts_tokenize_with_upstreams_split_and_the_manifest_says_which(checkpoint, tmp_path, monkeypatch):
+    """The calibration prompts and the end-to-end rows' held-out prompts (model.requests) are tokenized as
+    synth --text-split auto does; the split and why go into the manifest's checkpoint entry (model.info)."""
+    from omni_export.recipes import get_recipe
+    from omni_export.recipes.qwen3_tts import model as M
+    from omni_export.recipes.qwen3_tts import prompts
+
+    for which, keys in (("CALIBRATION", ("camelcase", "devanagari")), ("HELDOUT", ("thai", "acronyms"))):
+        monkeypatch.setattr(prompts, which, [{"text": TEXTS[k]["text"], "language": "auto"} for k in keys])
+    m = M.load(checkpoint, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    assert m.info["text_split"] == "mistral" and "transformers_version 4.57.3" in m.info["text_split_reason"]
+    for which, keys in (("calibration", ("camelcase", "devanagari")), ("heldout", ("thai", "acronyms"))):
+        assert [r.text_ids for r in m.requests(which)] == [TEXTS[k]["ids"] for k in keys], which
+
+
+def test_the_demo_build_keeps_qwen2s_split_in_its_manifest(fp16_build):
+    """The tiny demo's base vocabulary is far below 100000: Qwen2's split, as before (its numerics golden
+    does not move)."""
+    from conftest import read_manifest
+
+    ck = read_manifest(fp16_build)["checkpoint"]
+    assert ck["text_split"] == "qwen2" and "base vocabulary" in ck["text_split_reason"]

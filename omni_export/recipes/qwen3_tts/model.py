@@ -645,6 +645,20 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
+def _text_split(model: Qwen3TTS) -> dict:
+    """The split the calibration prompts and end-to-end rows are tokenized with (upstream's rule, as synth's
+    --text-split auto) and why, for the manifest's checkpoint entry; the tokenizer is kept for them. A
+    checkpoint whose tokenizer cannot load records why (synth --text-ids needs none; a build fails when its
+    prompts are tokenized, naming the files)."""
+    from ...text_tokenizer import load as load_tokenizer
+
+    try:
+        tok = model.__dict__["tokenizer"] = load_tokenizer(model.path, "auto")
+    except UsageError as e:
+        return {"text_split": None, "text_split_reason": _first_line(e)}
+    return {"text_split": tok.split, "text_split_reason": tok.split_reason}
+
+
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
     """Open a checkpoint (or write the embedded demo one under `scratch`) and load what is needed.
     Options not given take the recipe's defaults (as the CLI would)."""
@@ -694,6 +708,7 @@ def load(checkpoint: Path | None, options: dict, scratch: Path) -> Qwen3TTS:
                    "talker_hidden": model.cfg.talker.hidden_size, "predictor_hidden": model.cfg.predictor.hidden_size,
                    "small_to_mtp_projection": model.cfg.has_projection},
         "options": {k: v for k, v in model.sizes().items() if k in ("P", "C", "L", "N", "F", "E")},
+        **_text_split(model),
     }
     if options.get("speaker-calibration"):
         model.user_voices = load_voices(Path(options["speaker-calibration"]), model)
