@@ -99,3 +99,38 @@ def test_the_frame_graph_asked_for_what_it_cannot_sample_is_an_error(checkpoint,
     with pytest.raises(UsageError, match=r"the fused predictor frame graph cannot sample with subtalker_top_k 7 "
                                          r"\(the frame graph's is 50\); use --predictor step"):
         codes(checkpoint, tmp_path, {"subtalker_top_k": 7}, predictor="frame")
+
+
+class _EosFirst:
+    """The talker's graphs with EOS made the most likely code at every step."""
+
+    def __init__(self, graphs, eos: int):
+        self.graphs, self.eos = graphs, eos
+
+    def __call__(self, name, inputs):
+        out = self.graphs(name, inputs)
+        if name.startswith(("talker_prefill", "talker_decode")) and "logits" in out:
+            out = {**out, "logits": out["logits"].copy()}
+            out["logits"][..., self.eos] = out["logits"].max() + 10.0
+        return out
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_min_new_tokens_masks_eos_for_the_first_two_codes(greedy, tiny_checkpoint, tmp_path, one_thread):
+    """Upstream's generate hard-codes min_new_tokens 2 (generation_config.json has no say: its wrapper reads
+    only the ten keys above): EOS cannot be the first or second talker code. With EOS the most likely code
+    at every step, generation stops at the third: 2 frames; with the mask off it would stop at once."""
+    from omni_export.recipes import get_recipe
+    from omni_export.recipes.qwen3_tts import model as M
+    from omni_export.recipes.qwen3_tts.prompt import Request
+    from omni_export.runtime.graphs import EagerGraphs
+
+    m = M.load(tiny_checkpoint, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    graphs = _EosFirst(EagerGraphs(m), m.cfg.talker.codec_eos_token_id)
+    req = Request(text_ids=[int(i) for i in IDS.split(",")], speaker=sorted(m.cfg.talker.spk_id)[0])
+    for min_new, frames in ((2, 2), (0, 0)):
+        opts = m.gen_options(greedy=greedy, sub_greedy=greedy, max_frames=FRAMES, min_new_tokens=min_new,
+                             predictor="step")
+        gen, _ = m.synthesize(graphs, req, opts, with_audio=False)
+        assert (gen.stopped, len(gen.codes)) == ("eos", frames), min_new
+    assert host.GenOptions().min_new_tokens == 2 and m.gen_options().min_new_tokens == 2
