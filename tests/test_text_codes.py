@@ -113,6 +113,10 @@ def test_the_demo_build_keeps_qwen2s_split_in_its_manifest(fp16_build):
     """The tiny demo's base vocabulary is far below 100000: Qwen2's split, as before (its numerics golden
     does not move)."""
     from conftest import read_manifest
+    from omni_export.artifacts.manifest import schema_error
 
-    ck = read_manifest(fp16_build)["checkpoint"]
-    assert ck["text_split"] == "qwen2" and "base vocabulary" in ck["text_split_reason"]
+    m = read_manifest(fp16_build)
+    assert m["checkpoint"]["text_split"] == "qwen2" and "base vocabulary" in m["checkpoint"]["text_split_reason"]
+    assert schema_error(m) is None
+    m["checkpoint"]["text_split"] = "camel"
+    assert schema_error(m).startswith("checkpoint.text_split:")
