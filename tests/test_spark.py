@@ -284,3 +284,25 @@ def test_default_geometry_w8a16_prefill_is_accepted_with_gptq_weights(tiny, tmp_
     assert min(o["snr_db"] for o in b["parity"]["outputs"]) >= 32
     rounding = b["details"]["weight_rounding"]
     assert rounding["method"] == "gptq" and rounding["weights_rounded"] == rounding["weights_seen"] == 25
+
+
+def test_precision_repair_holds_a_step_to_the_top1_gate_too(tiny, tmp_path):
+    """A repair step is judged by the whole gate of its base precision, top-1 included: w4a16 decode with
+    two layers kept in float clears the 15 dB floor but picks fp32's top-1 on fewer than 90 % of rows, so
+    the search goes on and no w4a16-mixed build is made (before, the search judged SNR alone and called
+    that step accepted while the builds it made were then rejected on top-1)."""
+    out = tmp_path / "out"
+    run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "w4a16", "-f", "onnx",
+            "--components", "decode", "--prefill-tokens", "16", "--context-length", "96", "--e2e-tokens", "0",
+            "--repair", "auto", "--repair-steps", "2", "-q", check=False)
+    m = read_manifest(out)
+    assert "repair" in m["components"]["decode"], m["components"]["decode"]
+    search = m["components"]["decode"]["repair"]["w4a16"]
+    steps = search["steps"]
+    assert [s["kept_float"] for s in steps] == [["layers.0"], ["layers.0", "layers.1"]]
+    cleared = [s for s in steps if s["snr_db"] >= 15]
+    assert cleared, steps                     # the case this test is about: the SNR floor alone would pass
+    for s in cleared:
+        assert s["verdict"] == "rejected" and "top-1" in s["reason"], s
+    assert search["result"] is None and "--repair-steps" in search["stopped"]
+    assert {b["precision"] for b in m["builds"]} == {"w4a16"}

@@ -431,8 +431,7 @@ class ComponentJobs:
             return refs, ins
         return [refs[k] for k in samples], None if ins is None else [ins[k] for k in samples]
 
-    def _judge(self, precision: Precision, refs: list[dict], ins: list[dict] | None, outputs: list[dict],
-               top1: bool = True):
+    def _judge(self, precision: Precision, refs: list[dict], ins: list[dict] | None, outputs: list[dict]):
         """The gate's verdict on a build's outputs: scored against the fp32 references `refs`, the
         component's row sums also against their tables (the checkpoint's, kept from the trace)."""
         from ..parity.gate import judge, top1_gate
@@ -442,7 +441,7 @@ class ComponentJobs:
         scores = score_outputs(self.info["output_names"], refs, outputs, self.info["logits"], c.tie_margins,
                                c.row_sums, ins, self.row_tables)
         return judge(scores, self.thresholds[precision], c.gated_outputs, agreement_min=c.agreement_min,
-                     top1_min=top1_gate(c.top1_min, precision) if top1 else None)
+                     top1_min=top1_gate(c.top1_min, precision))
 
     # ------------------------------------------------------------------------------------ attribution
     def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None) -> None:
@@ -596,7 +595,7 @@ class ComponentJobs:
             return
         result = job.result
         outputs = result.pop("outputs")
-        verdict = self._judge(p, *self._heldout(search.get("_indices")), outputs, top1=False)
+        verdict = self._judge(p, *self._heldout(search.get("_indices")), outputs)
         from ..artifacts.scores import min_snr_db
 
         db = min_snr_db([s.to_json() for s in verdict.scores], self.component.gated_outputs)
