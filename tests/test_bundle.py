@@ -136,3 +136,20 @@ def test_a_runtime_json_pointing_outside_the_bundle_is_refused(build, tmp_path, 
     else:
         # the schema error names the value (elided when long: a deep tmp path) and the relpath rule
         assert lines[0].startswith(f"{ERROR}{rt_file}: ") and " does not match '^(?!/)" in lines[0], lines[0]
+
+
+def test_the_policy_ships_the_smallest_accepted_build_of_the_format_not_the_lowest_precision_name():
+    """A repaired build that kept most blocks in float is larger than the plain w8a16 one: w8a16 ships,
+    not w8a8-mixed (the order of names alone picked it on Spark's demo); a rejected smaller one never."""
+    from omni_export.artifacts.bundle import choose
+
+    def b(fmt, prec, kb, status="accepted"):
+        return {"name": f"x-{prec}-{fmt}", "component": "decode", "format": fmt, "precision": prec, "status": status,
+                "files": [{"path": f"x-{prec}.{fmt}", "bytes": kb * 1024}]}
+
+    m = {"target": {"htp_arch": "v79"}, "components": {"decode": {}},
+         "builds": [b("ctx", "fp16", 726), b("ctx", "w8a16", 510), b("ctx", "w8a8-mixed", 710),
+                    b("ctx", "w4a16", 402, "rejected"), b("onnx", "w8a8", 100)]}
+    assert choose(m)["decode"][0]["precision"] == "w8a16"
+    m["builds"].append(b("ctx", "w8a8", 510))                      # a tie: the lower precision
+    assert choose(m)["decode"][0]["precision"] == "w8a8"

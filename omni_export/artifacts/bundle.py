@@ -31,9 +31,9 @@ PRECISION_ORDER = ("fp32", "fp16", "w8a16-mixed", "w8a16", "w8a8-mixed", "w8a8",
 FORMAT_PREFERENCE = {"htp": ("ctx", "dlc", "onnx", "pte"), "gpu": ("onnx", "dlc", "pte", "ctx"),
                      "cpu": ("pte", "onnx", "ctx", "dlc")}
 POLICY = ("per component, the accepted build in the first format its unit runs best (HTP: context binary, "
-          "DLC, ONNX, .pte; GPU: ONNX, DLC, .pte; CPU: .pte, ONNX) that has one, at the lowest precision "
-          "accepted in that format (fp32 > fp16 > w8a16 > w8a8 > w4a16); a graph that must stay fp32 "
-          "(fp32_on_cpu) takes its fp32 build; --pick COMPONENT=FORMAT:PRECISION overrides")
+          "DLC, ONNX, .pte; GPU: ONNX, DLC, .pte; CPU: .pte, ONNX) that has one, the smallest accepted in "
+          "that format (a tie goes to the lower precision: fp32 > fp16 > w8a16 > w8a8 > w4a16); a graph that "
+          "must stay fp32 (fp32_on_cpu) takes its fp32 build; --pick COMPONENT=FORMAT:PRECISION overrides")
 RUNTIMES = {"ctx": ("qnn-htp", "ONNX Runtime with the QNN execution provider (EPContext model; the *_qnn.bin "
                                "beside it is the raw QNN context binary for QNN's own runtime)"),
             "onnx": ("ort-cpu", "ONNX Runtime (CPU, or the QNN EP for the HTP, or the GPU)"),
@@ -93,9 +93,17 @@ def choose(m: dict, picks: dict | None = None) -> dict[str, tuple[dict, str]]:
         for fmt in FORMAT_PREFERENCE.get(placement.get(comp, default_unit), FORMAT_PREFERENCE["cpu"]):
             mine = [b for b in ok if b["format"] == fmt]
             if mine:
-                out[comp] = (max(mine, key=lambda b: PRECISION_ORDER.index(b["precision"])), "policy")
+                out[comp] = (min(mine, key=_ship_rank), "policy")
                 break
     return out
+
+
+def _ship_rank(b: dict) -> tuple:
+    """Smallest first, then the lower precision. By bytes, not by precision name: a repaired build
+    (w8a8-mixed, ...) that had to keep most blocks in float can be larger than a plain w8a16 or even
+    the fp16 build of the same format (Spark's demo: ctx w8a8-mixed 710 KB, 1.9 % of its weight bytes
+    still 8-bit, beside w8a16 510 KB and fp16 726 KB)."""
+    return (sum(int(f.get("bytes") or 0) for f in b.get("files") or ()), -PRECISION_ORDER.index(b["precision"]))
 
 
 # ------------------------------------------------------------------------------------------ writing

@@ -29,8 +29,8 @@ def bundle(out_dir: Path, into: Path | None, pick: tuple, as_json: bool, debug: 
 
     \b
     Policy, per component: the accepted build in the format its unit runs best
-    (HTP: context binary > DLC > ONNX > .pte; GPU: ONNX; CPU: .pte > ONNX), at the
-    lowest precision accepted in that format (fp32 > fp16 > w8a16 > w8a8 > w4a16).
+    (HTP: context binary > DLC > ONNX > .pte; GPU: ONNX; CPU: .pte > ONNX), the
+    smallest accepted in that format (a tie: the lower precision).
     Rejected builds are never bundled. Files are hard-linked inside OUT_DIR, else copied.
 
     \b
