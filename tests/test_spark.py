@@ -306,3 +306,22 @@ def test_precision_repair_holds_a_step_to_the_top1_gate_too(tiny, tmp_path):
         assert s["verdict"] == "rejected" and "top-1" in s["reason"], s
     assert search["result"] is None and "--repair-steps" in search["stopped"]
     assert {b["precision"] for b in m["builds"]} == {"w4a16"}
+
+
+def test_an_end_to_end_row_runs_on_precision_repairs_build_when_the_plain_one_was_rejected():
+    """Spark's rows take `<precision>-mixed` where the plain build was rejected, as Qwen3-TTS's do (the
+    demo's w8a8 row was 'skipped: no accepted prefill, decode build' beside accepted w8a8-mixed ones)."""
+    from omni_export.recipes.spark.e2e import _accepted
+
+    def b(comp, prec, status):
+        return {"component": comp, "format": "ctx", "precision": prec, "status": status,
+                "files": [{"path": f"{comp}-{prec}.ctx.onnx", "bytes": 1}]}
+
+    m = {"components": {"prefill": {}, "decode": {}},
+         "builds": [b(c, "w8a8", "rejected") for c in ("prefill", "decode")] + [b("prefill", "w8a8-mixed", "accepted")]}
+    assert not _accepted(m, "decode", "htp", "w8a8")
+    assert _accepted(m, "prefill", "htp", "w8a8")
+    m["builds"].append(b("decode", "w8a8-mixed", "rejected"))
+    assert not _accepted(m, "decode", "htp", "w8a8")
+    m["builds"][-1]["status"] = "accepted"
+    assert _accepted(m, "decode", "htp", "w8a8") and not _accepted(m, "decode", "htp", "w4a16")

@@ -45,16 +45,18 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                               for ids, r, f in zip(prompts, reference, free)]
                 finally:
                     built.close()
+            if built.repaired:
+                row["repaired"] = dict(sorted(built.repaired.items()))
             rows.append({**row, **score(reference, free, forced)})
     return rows
 
 
 def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    from ...runtime.graphs import RUNNER_FORMATS
+    """An accepted build runs `graph` in this row: the runner's format at `prec`, or precision repair's
+    `<prec>-mixed` standing in for a rejected one (runtime.graphs.placed_build, as BuildGraphs loads it)."""
+    from ...runtime.graphs import placed_build
 
-    fmt = RUNNER_FORMATS[runner][0]
-    return any(b["component"] == graph and b["format"] == fmt and b["precision"] == prec and
-               b["status"] == "accepted" for b in manifest["builds"])
+    return placed_build(manifest, graph, runner, prec) is not None
 
 
 def score(reference, free, forced) -> dict:
