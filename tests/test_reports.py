@@ -393,3 +393,15 @@ def test_an_output_gated_by_agreement_shows_its_agreement_in_both_reports(tmp_pa
     write_reports(tmp_path / "out", m)
     page = (tmp_path / "out" / "report.html").read_text()
     assert page.count(f'<td class="num">{said}</td>') == 2            # the verdict row and the per-output row
+
+
+def test_an_end_to_end_row_on_repaired_graphs_says_which_in_report_md():
+    from omni_export.reports.markdown import _end_to_end
+
+    row = {"runner": "htp", "precision": "w8a16", "prompts": 2, "frames": 24, "code_agreement": 1.0,
+           "near_tie_flips": 0, "flips": 0, "free_running_agreement": 1.0, "wav_snr_db": 30.5, "verdict": "accepted",
+           "repaired": {"code2wav": "w8a16-mixed", "code2wav_n2": "w8a16-mixed"}}
+    text = "\n".join(_end_to_end({"end_to_end": [row]}))
+    assert "| w8a16 (code2wav at w8a16-mixed, code2wav_n2 at w8a16-mixed) | htp |" in text
+    del row["repaired"]
+    assert "| w8a16 | htp |" in "\n".join(_end_to_end({"end_to_end": [row]}))

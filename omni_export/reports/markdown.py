@@ -163,7 +163,9 @@ def _end_to_end(m: dict) -> list[str]:
                          f"skipped: {md(r.get('reason', ''))} |")
             continue
         flips = f" ({r['near_tie_flips']}/{r['flips']} flips near-tie)" if "flips" in r else ""
-        lines.append(f"| {md(r.get('precision', '—'))} | {md(r.get('runner', '—'))} | "
+        repaired = r.get("repaired") if isinstance(r.get("repaired"), dict) else {}
+        through = f" ({', '.join(f'{g} at {p}' for g, p in repaired.items())})" if repaired else ""
+        lines.append(f"| {md(str(r.get('precision', '—')) + through)} | {md(r.get('runner', '—'))} | "
                      f"{pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
                      f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "
                      f"{VERDICT.get(r.get('verdict')) or md(r.get('verdict') or '—')} |")
