@@ -125,6 +125,15 @@ def is_disk_full(e: BaseException) -> bool:
     return disk_full(e) is not None
 
 
+def raise_if_disk_full(e: BaseException, out: Path, incomplete: bool) -> None:
+    """A full disk is the user's to fix: one line, exit 2, wherever the exporters wrapped it."""
+    full = disk_full(e)
+    if full is not None:
+        where = getattr(full, "filename", None) or out
+        raise UsageError(f"disk full while writing {where}; free space and rerun"
+                         + (f" ({out} is marked incomplete)" if incomplete else "")) from e
+
+
 @dataclass(frozen=True)
 class FileRecord:
     path: str          # relative to OUT

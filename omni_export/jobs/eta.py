@@ -533,3 +533,72 @@ class EtaReport:
         if self.first is not None and wall:
             out["first_error"] = round((self.first - wall) / wall, 3)
         return out
+
+
+# ---------------------------------------------------------------------------------- one build's ETA
+
+def build_signature(build, the_plan) -> str:
+    """The build's signature (signature()): which late jobs it adds, with which components reused."""
+    o = build.opts
+    return signature(build.cache.checkpoint["digest"], o.recipe.name, o.target.name, the_plan.builds,
+                     {"attribution": o.attribution, "e2e": o.e2e, "recipe": build.recipe_options,
+                      "reused": sorted(build.components)})
+
+
+def start(build, the_plan, graph, executor, gate) -> EtaReport | None:
+    """The plan lines and the first ETA, before the first job starts (only the plan lines when every
+    component was reused: nothing to run)."""
+    build.signature = build_signature(build, the_plan)     # before the graph runs: which were reused
+    late = build.costs.late.get(build.signature, [])
+    workers = executor.slots if executor is not None else 0
+
+    def weight_of(component: str | None):
+        run = build.runs.get(component) if component else None
+        return run.info.get("weight_bytes") if run is not None and run.info else None
+
+    eta = Eta(graph, build.costs, build.cache.checkpoint["digest"], max(1, workers), gate.budget if gate else None,
+              late, weight_of, build.signature)
+    lines = plan_lines(the_plan, graph, sorted(build.components), workers,
+                       executor.name if executor is not None else "-", eta.late)
+    if executor is None:
+        for line in lines:
+            build.progress.note(line)
+        return None
+    report = EtaReport(eta, build.progress, build.paced, build.frame_files)
+    report.start(lines)
+    return report
+
+
+def check_assumed(build, model) -> None:
+    """The run was planned on the components the cost model recorded for this model key: the loaded
+    model must have exactly those (else the entry is dropped and the run stops, to be run again)."""
+    from ..core import UsageError
+
+    assumed = build.assumed
+    have = tuple(model.components()) if hasattr(model, "components") else None
+    if assumed is not None and have is not None and tuple(assumed) != have:
+        build.costs.forget_model(build.cache.model_key())
+        build.costs.save()
+        raise UsageError(f"cost model {build.costs.where}: this model's components were recorded as "
+                         f"{', '.join(assumed)} but the checkpoint has {', '.join(have)}; the entry is "
+                         f"dropped, run the build again")
+
+
+def learn(build, graph) -> None:
+    """The finished graph's job seconds into the cost model, for the next run's ETA."""
+    if not len(graph):
+        return
+    weights = {c: (r.get("weight_bytes") if isinstance(r, dict) else None) for c, r in build.components.items()}
+    # a job answered from the job store (cached) took no time: its seconds would teach nothing
+    records = [{**j.record(), "component": j.component} for j in graph.jobs.values() if not j.cached]
+    # a run that captured the inputs from the fp32 model (capture cache missed or off) paid for it in
+    # its first trace: its traces are kept apart, the fallback for a component never traced otherwise
+    if any(not (r.info.get("capture") or {"hit": True}).get("hit", True) for r in build.runs.values()):
+        records = [{**r, "id": r["id"] + " (capturing)"} if r["kind"] == "trace" else r for r in records]
+    records = [{**r, "id": cost_id(r["id"], r["kind"], build.signature)} for r in records]
+    late = build.eta.eta.late_records() if build.eta is not None else []
+    build.costs.observe(records, weights, build.cache.checkpoint["digest"], build.signature, late,
+                        (build.cache.model_key(), build.available))
+    why = build.costs.save()
+    if why:
+        build.progress.note(f"warning: {why}")

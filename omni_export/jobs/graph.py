@@ -54,6 +54,7 @@ class Job:
     started: float | None = None
     ended: float | None = None
     cpu_s: float | None = None               # the job's own CPU seconds, when its executor measures them
+    cached: bool = False                     # answered from the job store (jobs/results.py), not run
 
     @property
     def estimate(self) -> float:
@@ -66,7 +67,8 @@ class Job:
         return {"id": self.id, "kind": self.kind, "deps": list(self.deps), "where": self.where,
                 "memory_bytes": self.memory, "alone": self.alone, "state": self.state,
                 "seconds": None if self.started is None or self.ended is None else round(self.ended - self.started, 3),
-                **({"cpu_s": round(self.cpu_s, 3)} if self.cpu_s is not None else {})}
+                **({"cpu_s": round(self.cpu_s, 3)} if self.cpu_s is not None else {}),
+                **({"cached": True} if self.cached else {})}
 
 
 class JobGraph:

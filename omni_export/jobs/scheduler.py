@@ -157,3 +157,47 @@ class JobResult:
 
     def __init__(self, value, cpu_s: float | None = None):
         self.value, self.cpu_s = value, cpu_s
+
+
+def schedule(build, the_plan, graph: JobGraph) -> None:
+    """Run a build's job graph (pipeline.Build) on the executor its options name, with the memory gate,
+    the plan lines and the ETA; the job seconds go to the cost model before anything is recorded."""
+    from ..artifacts import reproducibility as repro
+    from ..artifacts.store import is_disk_full
+    from ..core import UsageError
+    from ..memory import MemoryGate, build_budget
+    from . import eta
+    from .component import HEAVY_BYTES
+    from .executors import make_executor
+
+    opts = build.opts
+    if not len(graph):
+        eta.start(build, the_plan, graph, None, None)
+        build.seeds = build.seeds or repro.seed_everything()
+        return
+    executor = make_executor(opts.executor, opts.jobs)
+    opts.jobs = executor.slots
+    # heavy steps overlap only while their estimates fit in what is free (or under --max-memory);
+    # without --max-memory, QNN compiles and quantizations reserving GiBs run alone (memory.runs_alone)
+    gate = MemoryGate(build_budget(opts.max_memory), alone=opts.max_memory is None)
+    build.eta = eta.start(build, the_plan, graph, executor, gate)
+    build.seeds = build.seeds or repro.seed_everything()   # before any job: the model may load in the first trace
+
+    def on_status(running, done: int, total: int) -> None:
+        build.progress.jobs_status(running, done, total)
+        build.eta.tick(running, done, total)
+
+    sched = Scheduler(graph, executor, gate, on_start=lambda j: build.progress.job_started(j.label),
+                      is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError), on_status=on_status)
+    try:
+        sched.run()
+    finally:
+        build.paced.status = lambda: "... stopping the worker processes"
+        executor.close()
+        build.paced.status = None
+    build.eta.finish()
+    eta.learn(build, graph)           # before the reports: a failure there keeps the job seconds
+    build.memory_gate = gate.report()
+    for cj in build.runs.values():
+        if cj.record and (cj.record.get("weight_bytes") or 0) >= HEAVY_BYTES:
+            cj.record["timings"]["memory_gate"] = build.memory_gate
