@@ -108,3 +108,59 @@ def test_killed_builds_never_leave_a_manifest_pointing_at_missing_or_partial_fil
     print(f"\n{kills} kills ({len(NAMED)} at named stages, {random_kills} random, seed {seed}); "
           f"states after a kill: {states}")
     assert kills == len(NAMED) + RANDOM_KILLS
+
+
+def test_a_rerun_after_a_kill_answers_every_job_the_killed_run_finished_from_its_outputs(tmp_path, tiny_checkpoint,
+                                                                                           fp16_build):
+    """SIGKILL a build once two jobs have ended (their outputs kept under their content keys in
+    OUT/.jobs), then rerun it: exactly those jobs are answered from the job store ("cached" in the
+    manifest's job graph), the others run, and the result equals an uninterrupted build's (fp16_build:
+    the same ONNX bytes, verdict and scores)."""
+    import signal
+    import subprocess
+
+    from conftest import ALL_FORMATS_FP16, ROOT, read_manifest
+
+    out = tmp_path / "out"
+    args = [a if a != "onnx,dlc,ctx,pte" else "onnx" for a in ALL_FORMATS_FP16] + [
+        "--checkpoint", str(tiny_checkpoint), "--out", str(out)]
+    env = {**os.environ, "OMNI_EXPORT_JOBS": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def kept() -> dict[str, str]:
+        found = {}
+        for d in (out / ".jobs").glob("[0-9a-f]*"):
+            try:
+                found[json.loads((d / "result.json").read_text())["job"]] = d.name
+            except (OSError, ValueError):
+                pass                      # renamed whole into place: a reader never sees half of one
+        return found
+
+    deadline = time.monotonic() + 300
+    while len(kept()) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    before = kept()
+    assert proc.returncode == -9 and len(before) >= 2, f"exit {proc.returncode}, kept {before}: {err[-1500:]}"
+    assert not (out / "manifest.json").exists() and (out / MARKER).exists()
+
+    again = run_cli(*args, timeout=600, env={"OMNI_EXPORT_JOBS": "0"})
+    assert again.returncode == 0, again.stderr[-2000:]
+    m, ref = read_manifest(out), read_manifest(fp16_build)
+    graph = {j["id"]: j for j in m["jobs"]["graph"]}
+    assert {i for i, j in graph.items() if j.get("cached")} == set(before) and m["jobs"]["cached"] == len(before)
+    assert {"code2wav/trace", "code2wav/score/onnx/fp16"} - set(before) <= {i for i, j in graph.items()
+                                                                            if j["state"] == "done" and not j.get("cached")}
+    mine = builds_of(m)[("onnx", "fp16")]
+    theirs = builds_of(ref)[("onnx", "fp16")]
+    assert mine["status"] == theirs["status"] == "accepted"
+    assert mine["parity"]["outputs"] == theirs["parity"]["outputs"]
+    assert [f["sha256"] for f in mine["files"]] == [f["sha256"] for f in theirs["files"]]
+    assert not (out / ".jobs").exists()                     # a finished run empties the job store
+    assert run_cli("verify", str(out)).returncode == 0
+
+
+def builds_of(m: dict) -> dict:
+    return {(b["format"], b["precision"]): b for b in m["builds"] if b["component"] == "code2wav"}

@@ -118,6 +118,15 @@ class BuildCache:
         self.keys[component] = key
         return key
 
+    def job_base(self, component: str) -> str:
+        """What every job of a component's graph depends on (the component key without its planned
+        builds, with every numerics version): the root of its jobs' content keys (jobs/results.py)."""
+        from ..numerics import VERSIONS
+
+        return _digest({**self.base, "component": component, "options": self._options_for(component),
+                        "version": self.opts.recipe.component(component).version,
+                        "placement": self.opts.target.place(component).unit, "numerics": VERSIONS})
+
     def build_key(self, component_key: str, spec, threshold: float) -> str:
         return _digest([component_key, spec.format.value, spec.precision.value, threshold])
 

@@ -10,6 +10,8 @@ Layout of OUT:
   sources/...onnx                              the ONNX AI Hub compiles from (accepted builds)
   hub/<build>/...                              AI Hub results: compiled model, profile, device outputs
   .staging/                                    exporters write here; files move out by rename
+  .jobs/<key>/                                 finished jobs' outputs by content key, for a rerun after
+                                               a kill (jobs/results.py); removed when a run finishes
   .lock                                        the one-writer lock (lockf, held while a run writes;
                                                the file stays: removing it would let two runs lock
                                                two different files)
@@ -48,11 +50,12 @@ from ..faults import crash_point
 MARKER = ".incomplete"
 LOCK = ".lock"
 STAGING = ".staging"
+JOBS = ".jobs"                        # finished jobs' outputs by content key (jobs/results.py)
 REJECTED = "rejected"
 MANIFEST = "manifest.json"
 DOCUMENTS = ("manifest.json", "parity.json", "report.md", "report.html")
 REPORT_FILES = DOCUMENTS[1:]          # hashed in the manifest's "documents" (the manifest cannot hash itself)
-_SCRATCH_PREFIXES = (MARKER, STAGING, LOCK, ".write-test-")
+_SCRATCH_PREFIXES = (MARKER, STAGING, JOBS, LOCK, ".write-test-")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -217,6 +220,8 @@ class Store:
         self._write_marker()
         crash_point("begin")
         self._remove_scratch()
+        if crashed is None or force:          # the job store serves a rerun after a kill, never --force
+            _remove_tree(self.root / JOBS)
         return previous
 
     def amend(self, mode: str = "hub") -> dict:
@@ -266,6 +271,7 @@ class Store:
         _remove_empty_dirs(self.root / "hub")
         crash_point("pruned")
         _remove_tree(self.root / STAGING)
+        _remove_tree(self.root / JOBS)
         crash_point("documents")
         manifest["documents"] = document_records(self.root)
         self._write_document(MANIFEST, manifest)

@@ -30,6 +30,8 @@ ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is eno
 # and ExecuTorch's portable kernels (w8a16 .pte) -- and on all of them elsewhere; a component may ask
 # for more (Component.sim_samples: the fused predictor frame, 4). --sim-samples overrides.
 HEAVY_BYTES = 256 << 20
+# job kinds whose outputs the job store keeps (jobs/results.py): a rerun after a kill reuses them
+KEPT_KINDS = ("export", "fp16", "quantize", "lower", "lower-pte", "lower-ctx", "lower-dlc", "score", "score-htp")
 SLOW_SAMPLES = 2
 ONNX_FORMATS = (Format.ONNX, Format.DLC, Format.CTX)
 # memory.STEP_FACTORS entry of each job kind of a heavy graph (scoring jobs: by their runner)
@@ -59,15 +61,34 @@ class ComponentJobs:
         self.row_tables: dict = {}                        # output -> its tables (Component.row_sums; driver only)
         self.repair: dict[str, dict] = {}                 # precision -> precision repair's search (jobs/repair.py)
         self.sensitivity: dict[str, list] = {}            # precision -> per-block sensitivity rows (repair's ranking)
+        self._base: str | None = None                     # the root of its jobs' content keys (_key)
 
     # ------------------------------------------------------------------------------------ plan
     def _add(self, job: Job) -> Job:
         job.component = self.name
+        if job.kind in KEPT_KINDS and job.where == "worker" and "-mixed" not in job.id and job.key_of is None:
+            job.key_of = lambda jid=job.id: self._key(jid)
         self.open.add(job.id)
         added = self.graph.add(job)
         if job.kind in ("attribute", "repair") or job.id.split("/")[-1].endswith("-mixed"):
             self._hold_e2e(job)
         return added
+
+    def _key(self, jid: str) -> str:
+        """A job's content key (jobs/results.py): the component's job base, its id, its deps' keys and,
+        for a scoring run, the held-out samples it scores."""
+        from .results import key
+
+        if self._base is None:
+            self._base = self.run.cache.job_base(self.name)
+        job = self.graph.jobs[jid]
+        deps = [self._key(d) for d in job.deps if self.graph.jobs[d].component == self.name]
+        extra = None
+        if job.kind in ("score", "score-htp"):
+            _, _, fmt, prec = jid.split("/")
+            i = next(k for k, b in enumerate(self.builds) if (b.format.value, b.precision.value) == (fmt, prec))
+            extra = self._lowered.get(i, {}).get("samples")
+        return key(self._base, jid, deps, extra, scoring=extra is not None or job.kind in ("score", "score-htp"))
 
     def _hold_e2e(self, job: Job) -> None:
         """With precision repair on, the end-to-end rows of a quantized precision wait for this
@@ -764,7 +785,7 @@ class ComponentJobs:
         from ..progress import StageNote
 
         note = StageNote()
-        note.text, note.failed = text, failed
+        note.text, note.failed = "; ".join(filter(None, (text, "cached (a killed run's job)" if job.cached else ""))), failed
         note.seconds = seconds if seconds is not None else (job.ended or time.time()) - (job.started or time.time())
         self.run.progress.job_finished(label or job.label, note)
 

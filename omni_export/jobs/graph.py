@@ -47,6 +47,7 @@ class Job:
     fresh: bool = False                      # a fresh worker process for this job alone
     seconds: float | None = None             # an estimate for the critical path (DEFAULT_SECONDS)
     after_all: bool = False                  # runs once its deps ended, failed or not (end-to-end rows)
+    key_of: Callable[[], str | None] | None = None   # its content key, once bound (jobs/results.py)
     # filled as it runs
     state: str = "waiting"                   # waiting | running | done | failed
     result: Any = None

@@ -157,6 +157,8 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["created"] = build.created
     m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
                         **({"memory_gate": build.memory_gate} if build.memory_gate else {}),
+                        # jobs answered from the job store (a killed run's finished jobs, jobs/results.py)
+                        "cached": sum(j.cached for j in graph.jobs.values()),
                         "graph": [j.record() for j in graph.jobs.values()]}
     # the end-to-end rows ran as jobs of the graph (jobs/e2e.py); none when the recipe or user skips them
     e2e = build.e2e

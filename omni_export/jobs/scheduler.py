@@ -27,7 +27,7 @@ class Fatal(Exception):
 class Scheduler:
     def __init__(self, graph: JobGraph, executor, gate=None, on_start: Callable[[Job], None] | None = None,
                  on_end: Callable[[Job], None] | None = None, is_fatal: Callable[[BaseException], bool] | None = None,
-                 on_status: Callable[[list, int, int], None] | None = None):
+                 on_status: Callable[[list, int, int], None] | None = None, results=None):
         from ..memory import NO_GATE
 
         self.graph = graph
@@ -37,6 +37,8 @@ class Scheduler:
         self.on_end = on_end or (lambda job: None)
         self.is_fatal = is_fatal or (lambda e: False)
         self.on_status = on_status or (lambda running, done, total: None)
+        self.results = results               # jobs.results.JobStore: finished jobs' outputs by content key
+        self._keys: dict[str, str] = {}
         self._driver = cf.ThreadPoolExecutor(1, thread_name_prefix="driver-job")
         self._running: dict[cf.Future, Job] = {}
         self._waiting_since: dict[str, float] = {}
@@ -83,11 +85,20 @@ class Scheduler:
             fut: cf.Future = cf.Future()
             fut.set_exception(e)
         else:
-            self.on_start(job)
-            if job.where == "driver":
-                fut = self._driver.submit(fn, *args)
+            k = job.key_of() if self.results is not None and job.key_of is not None else None
+            kept = self.results.load(k) if k is not None else None
+            if kept is not None:              # the same job ended before (a killed run): its outputs
+                job.cached = True
+                fut = cf.Future()
+                fut.set_result(kept)
             else:
-                fut = self.executor.submit(job, fn, args)
+                if k is not None:
+                    self._keys[job.id] = k
+                self.on_start(job)
+                if job.where == "driver":
+                    fut = self._driver.submit(fn, *args)
+                else:
+                    fut = self.executor.submit(job, fn, args)
         self._running[fut] = job
 
     # ---- the loop
@@ -131,11 +142,22 @@ class Scheduler:
                 job.cpu_s = result.cpu_s
                 result = result.value
             job.state, job.result = "done", result
+            if job.id in self._keys:
+                self._keep(job)
         self.on_end(job)
         if job.done is not None:
             job.done(job)                   # may turn a failure into a result its dependents handle
         if job.state == "failed":
             self._block_below(job)
+
+    def _keep(self, job: Job) -> None:
+        """A finished job's outputs into the job store (before its driver side moves any file)."""
+        try:
+            self.results.save(self._keys.pop(job.id), job.id, job.kind, job.result)
+        except OSError as e:
+            if self.is_fatal(e):
+                raise
+            # a store that cannot keep it costs a rerun the job, never this build
 
     def _block_below(self, job: Job) -> None:
         """Jobs that need a failed job never run: each ends failed, and its driver side hears why."""
@@ -169,6 +191,7 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
     from . import eta
     from .component import HEAVY_BYTES
     from .executors import make_executor
+    from .results import JobStore
 
     opts = build.opts
     if not len(graph):
@@ -187,8 +210,10 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
         build.progress.jobs_status(running, done, total)
         build.eta.tick(running, done, total)
 
+    results = JobStore(opts.out) if not opts.force else None      # --force: nothing answered from it
     sched = Scheduler(graph, executor, gate, on_start=lambda j: build.progress.job_started(j.label),
-                      is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError), on_status=on_status)
+                      is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError), on_status=on_status,
+                      results=results)
     try:
         sched.run()
     finally:
