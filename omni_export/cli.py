@@ -206,7 +206,7 @@ def _recipe_command(name: str) -> click.Command:
     recipe = get_recipe(name)
 
     def callback(target, checkpoint, components, precision, formats, out, as_json, force, attribution, no_attribution,
-                 rewrites, jobs, executor, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
+                 rewrites, jobs, executor, shared_dir, gate, sim_samples, htp_optimization, max_memory, quiet, debug, summary_to,
                  keep_sources, repair, repair_steps, place, **recipe_opts):
         from .faults import interrupted_by, interrupts_latched
         from .hf import resolve_checkpoint
@@ -225,7 +225,7 @@ def _recipe_command(name: str) -> click.Command:
                 precisions=_csv(Precision, precision), formats=_csv(Format, formats),
                 recipe_options={k.replace("_", "-"): v for k, v in recipe_opts.items()},
                 attribution="off" if no_attribution else attribution, rewrites=_rewrites(rewrites, tgt), force=force,
-                jobs=jobs or 0, executor=executor, gates=parse_gates(gate), sim_samples=sim_samples,
+                jobs=jobs or 0, executor=executor, shared_dir=shared_dir, gates=parse_gates(gate), sim_samples=sim_samples,
                 htp_finalize=htp_optimization,
                 max_memory=int(max_memory * 1e9) if max_memory else None,
                 keep_sources=keep_sources or hub_opts is not None, repair=repair, repair_steps=repair_steps,
@@ -301,6 +301,11 @@ def _recipe_command(name: str) -> click.Command:
         click.Option(["--executor"], default="local", show_default=True, metavar="local|ray[:ADDRESS]",
                      help="where the jobs run: worker processes on this machine, or a Ray cluster (pip install "
                           "'omni-export[ray]'; ray:ADDRESS joins a running one, e.g. ray:auto)"),
+        click.Option(["--shared-dir"], default=None, metavar="DIR",
+                     help="with --executor ray: a directory every node can read and write (mounted at this "
+                          "path on each); the files jobs read and write (checkpoint, graphs, artifacts) go "
+                          "there by content hash instead of through Ray's object store [default: the object "
+                          "store]; a node that already holds a file at its path is not sent it"),
         click.Option(["--sim-samples"], type=click.IntRange(min=0), default=None, metavar="N",
                      help="held-out samples each build scores on the slow runners (the HTP simulator; "
                           "ExecuTorch portable kernels for w8a16 .pte). Default: all of them, except 2 for "

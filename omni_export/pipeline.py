@@ -84,7 +84,7 @@ class Build:
         self.available = None
         self.memory_gate: dict | None = None
         self.e2e, self._traces_left = None, 0
-        self.eta = self.assumed = self.seeds = self.signature = None    # set by the run (jobs/eta.py)
+        self.eta = self.assumed = self.seeds = self.signature = self.shipped = None    # set by the run
 
     # ---- what jobs ask of the run
     def model(self):

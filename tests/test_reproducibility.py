@@ -3,7 +3,9 @@ byte-stable have identical sha256; for the others the manifest's `why` is checke
 
 The second build runs its jobs on a Ray cluster of two raylets on this machine (loopback only, one CPU
 each), the first on local worker processes: the same job graph on either executor gives the same
-verdicts, scores and bytes (issue 33's Ray acceptance; tests/test_ray.py kills a Ray worker)."""
+verdicts, scores and bytes (issue 33's Ray acceptance; tests/test_ray.py kills a Ray worker). Its nodes
+share no file system with the build (jobs/ship.py's NODE_ROOT_ENV: each node's workers read and write
+under a root of their own): every file a job reads or writes travels through --shared-dir."""
 from __future__ import annotations
 
 import json
@@ -19,11 +21,15 @@ from omni_export.artifacts.reproducibility import BYTE_STABLE
 
 @pytest.fixture(scope="module")
 def second_build(tmp_path_factory, tiny_checkpoint, ray_cluster) -> Path:
-    out = tmp_path_factory.mktemp("second") / "elsewhere"
+    from omni_export.jobs.ship import NODE_ROOT_ENV
+
+    root = tmp_path_factory.mktemp("second")
+    out, shared = root / "elsewhere", root / "shared"
+    shared.mkdir()
     # captured afresh (not read from the capture cache): the parity inputs' bytes must repeat
     run_cli(*ALL_FORMATS_FP16, "--checkpoint", str(tiny_checkpoint), "--out", str(out),
-            "--executor", f"ray:{ray_cluster.address}", check=True,
-            env={"OMNI_EXPORT_CAPTURE_CACHE": "off", "OMNI_EXPORT_JOBS": "0"})
+            "--executor", f"ray:{ray_cluster.address}", "--shared-dir", str(shared), check=True,
+            env={"OMNI_EXPORT_CAPTURE_CACHE": "off", "OMNI_EXPORT_JOBS": "0", NODE_ROOT_ENV: str(root / "nodes")})
     return out
 
 
@@ -32,6 +38,12 @@ def test_a_build_on_a_two_node_ray_cluster_equals_the_local_one(fp16_build, seco
     local, remote = read_manifest(fp16_build), read_manifest(second_build)
     assert local["jobs"]["executor"] == "local"
     assert remote["jobs"]["executor"] == f"ray:{ray_cluster.address}" and remote["jobs"]["workers"] == 2
+    # every file a job read (checkpoint, inputs, graphs) went to its node, every artifact came back, by sha256
+    shared = Path(remote["jobs"]["shared_dir"])
+    files = remote["jobs"]["files"]
+    assert shared == second_build.parent / "shared" and files["files_sent"] > 0 and files["files_back"] > 0
+    assert {f["sha256"] for b in remote["builds"] for f in b["files"]} <= {p.name for p in shared.iterdir()}
+    assert len(list((second_build.parent / "nodes").iterdir())) == 2           # both nodes ran jobs
     a = {(b["format"], b["precision"]): b for b in local["builds"]}
     b = {(b["format"], b["precision"]): b for b in remote["builds"]}
     assert set(a) == set(b) == {(f, "fp16") for f in ("onnx", "dlc", "ctx", "pte")}

@@ -30,8 +30,9 @@ class InlineExecutor:
         pass
 
 
-def make_executor(spec: str, jobs: int):
-    """`local` | `ray` | `ray:ADDRESS`; `jobs` worker slots (0: one per core; local only)."""
+def make_executor(spec: str, jobs: int, shared_dir: str | None = None, roots: tuple = ()):
+    """`local` | `ray` | `ray:ADDRESS`; `jobs` worker slots (0: one per core; local only). Ray ships the
+    files under `roots` (OUT, the checkpoint) a job names, through `shared_dir` or its object store."""
     kind, _, address = (spec or "local").partition(":")
     if jobs < 0:
         raise UsageError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
@@ -42,5 +43,5 @@ def make_executor(spec: str, jobs: int):
     if kind == "ray":
         from .ray_executor import RayExecutor
 
-        return RayExecutor(address or None, jobs or None)
+        return RayExecutor(address or None, jobs or None, shared_dir, roots)
     raise UsageError(f"unknown --executor '{spec}'; valid: local, ray, ray:ADDRESS")

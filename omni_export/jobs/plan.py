@@ -30,6 +30,7 @@ class RunOptions:
     htp_finalize: str | None = DEFAULT_FINALIZE    # QNN HTP graph finalization mode (qnn_ep); None: QNN's
     max_memory: int | None = None                  # bytes the build's process tree should stay under; None: what is free
     executor: str = "local"                        # local | ray[:ADDRESS] (jobs/ray_executor.py)
+    shared_dir: str | None = None                  # --shared-dir: Ray jobs' files by content hash there (jobs/ship.py)
     keep_sources: bool = False                     # keep sources/ (the ONNX AI Hub compiles from): --keep-sources, --hub
     repair: str = "auto"                           # precision repair of rejected quantized builds: auto | off
     repair_steps: int = 4                          # its step budget per precision (jobs/repair.py)
@@ -49,6 +50,12 @@ class Plan:
 
 def plan(opts: RunOptions, available: tuple[str, ...] | None = None) -> Plan:
     """Builds for the requested (or all available) components x precisions x formats."""
+    if opts.shared_dir is not None:
+        from .ship import check_shared_dir
+
+        if not (opts.executor or "local").startswith("ray"):
+            raise UsageError(f"--shared-dir {opts.shared_dir}: only --executor ray ships files between machines")
+        opts.shared_dir = check_shared_dir(opts.shared_dir)
     comps = opts.components or tuple(c.name for c in opts.recipe.components
                                      if available is None or c.name in available)
     for c in comps:

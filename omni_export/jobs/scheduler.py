@@ -198,7 +198,9 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
         eta.start(build, the_plan, graph, None, None)
         build.seeds = build.seeds or repro.seed_everything()
         return
-    executor = make_executor(opts.executor, opts.jobs)
+    roots = tuple(str(r) for r in (opts.out, opts.checkpoint) if r is not None)
+    executor = make_executor(opts.executor, opts.jobs, opts.shared_dir, roots)
+    build.shipped = getattr(executor, "shipped", None)      # Ray: the files its jobs sent and got back
     opts.jobs = executor.slots
     # heavy steps overlap only while their estimates fit in what is free (or under --max-memory);
     # without --max-memory, QNN compiles and quantizations reserving GiBs run alone (memory.runs_alone)
