@@ -608,7 +608,8 @@ def test_sim_samples_flag_limits_the_simulator_not_ort(tmp_path):
     per = onnx["per_sample_snr_db"]
     assert len(per) == heldout and "lowest SNR of the ONNX build" in ctx["samples_note"]
     assert f"indices [{per.index(min(per))}]" in ctx["samples_note"]
-    assert f"| htp-sim fp16 (1 of {heldout} samples) |" in (out / "report.md").read_text()    # the report says so
+    assert ctx["heldout_indices"] == [per.index(min(per))]
+    assert f"| htp-sim fp16 (1 of {heldout} samples: #{per.index(min(per))}) |" in (out / "report.md").read_text()
     assert m["options"]["sim_samples"] == 1
     assert 0 < m["components"]["text_projection"]["weight_bytes"] < (1 << 30)
 

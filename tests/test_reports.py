@@ -364,21 +364,28 @@ def test_build_json_scores_what_the_gate_read():
     assert j["snr_db"] == 3.6 and j["gated_outputs"] == ["codes", "margins"]
 
 
-def test_every_row_says_what_its_verdict_rests_on():
+def test_every_row_says_what_its_verdict_rests_on(tmp_path):
     """The runner, how many held-out samples it scored, and a DLC scored by its context binary's run."""
     from omni_export.reports.view import build_rows
 
     m = manifest([build("ctx", "fp16", 50.0, 40.0), build("ctx", "fp16", 50.0, 40.0), build("onnx", "fp16", 60.0, 40.0)])
     m["builds"][1]["format"] = "dlc"
     comp = m["builds"][0]["component"]
-    m["components"][comp]["heldout"] = {"count": 12}
+    m["components"][comp]["heldout"] = {**m["components"][comp].get("heldout", {}), "count": 12}
     for b, k in zip(m["builds"], (2, 2, 12)):
         b["parity"]["samples"] = k
     m["builds"][1]["outputs_from"] = "ctx"
     assert [r.scored for r in build_rows(m)] == ["2 of 12 samples", "2 of 12 samples; shares the ctx build's run, "
                                                  "not run itself", "12 samples"]
-    text = summary(m)
-    assert "(2 of 12 samples; shares the ctx build's run, not run itself) |" in text and "(12 samples) |" in text
+    for b in m["builds"][:2]:
+        b["parity"]["heldout_indices"] = [3, 7]          # which ones, when a runner scored a subset
+    assert [r.scored for r in build_rows(m)][:2] == ["2 of 12 samples: #3, #7", "2 of 12 samples: #3, #7; shares "
+                                                     "the ctx build's run, not run itself"]
+    from omni_export.reports.html import render
+
+    text, html = summary(m), render(tmp_path, m)
+    assert "(2 of 12 samples: #3, #7; shares the ctx build's run, not run itself) |" in text
+    assert "(12 samples) |" in text and "(2 of 12 samples: #3, #7)" in html
 
 
 def test_an_output_gated_by_agreement_shows_its_agreement_in_both_reports(tmp_path):

@@ -418,6 +418,7 @@ class ComponentJobs:
             parity["proxy"] = proxy
         if samples is not None:
             how = self._lowered[i].get("chosen") or "evenly spread"
+            parity["heldout_indices"] = list(samples)         # which held-out samples this runner scored
             parity["samples_note"] = (f"{len(reference)} of {self.info['heldout']['count']} held-out samples (indices {samples}, {how}): "
                                       f"a slow runner on a graph past {HEAVY_BYTES >> 20} MB of weights (--sim-samples)")
         if spec.format == Format.ONNX and samples is None and self.slow is not None:

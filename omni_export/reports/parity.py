@@ -50,6 +50,8 @@ def _build(m: dict, b: dict) -> dict:
             "min_snr_db": None if low is None else as_json_db(low), "outputs": outputs,
             "files": [{"path": f["path"], "bytes": f["bytes"]} for f in b.get("files", [])],
             "samples": [s["path"] for s in b.get("samples", [])],
+            # which held-out samples its runner scored: how many, and which when not all (None: all)
+            "heldout_samples": p.get("samples"), "heldout_indices": p.get("heldout_indices"),
             **({"device": parity_device(m, b)} if b.get("hub") else {})}
 
 

@@ -90,13 +90,16 @@ def _row(m: dict, b: dict, again: dict | None) -> BuildRow:
 
 def _scored(m: dict, b: dict) -> str:
     """What the verdict rests on besides the runner: how many of the component's held-out samples it
-    scored, and, for a build whose outputs are a sibling's (a DLC sharing its context binary's
+    scored (which ones, when not all: parity.heldout_indices), and, for a build whose outputs are a sibling's (a DLC sharing its context binary's
     run), that it was not run itself."""
     n = ((m.get("components") or {}).get(b["component"]) or {}).get("heldout", {}).get("count")
     k = (b.get("parity") or {}).get("samples")
+    which = (b.get("parity") or {}).get("heldout_indices")
     said = ""
     if isinstance(k, int) and isinstance(n, int):
         said = f"{k} of {n} samples" if k < n else f"{k} sample{'s' if k != 1 else ''}"
+        if k < n and isinstance(which, list) and all(isinstance(x, int) for x in which):
+            said += ": " + ", ".join(f"#{x}" for x in which)          # which held-out samples (0-based)
     if b.get("outputs_from"):
         said += f"{'; ' if said else ''}shares the {b['outputs_from']} build's run, not run itself"
     return said
