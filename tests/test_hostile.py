@@ -241,9 +241,13 @@ def test_sigterm_says_what_it_kept_and_the_rerun_resumes_from_it(tmp_path, tiny_
     assert alive and kept, f"nothing to interrupt (exit {proc.returncode}, finished {kept}): {err[-1500:]}"
     assert proc.returncode == 143, err[-2000:]
     assert "Traceback" not in err
+    from omni_export.artifacts.store import kept_jobs
+
+    jobs = kept_jobs(out)          # finished jobs' outputs of the component not finished (jobs/results.py)
+    also = f" and the outputs of {jobs} finished job{'s' if jobs != 1 else ''}" if jobs else ""
     assert err.strip().splitlines()[-1] == (
         f"omni-export: error: interrupted by SIGTERM; {out} is marked incomplete (.incomplete); the next run "
-        f"keeps the finished {', '.join(kept)} and rebuilds the rest")
+        f"keeps the finished {', '.join(kept)}{also} and rebuilds the rest")
     # the rerun: the graph it still builds breaks at run time (NaN outputs, as an fp16 overflow would)
     poisoned = "code2wav" if "code2wav" not in kept else "text_projection"
     again = run_cli(*args, timeout=300, env={"OMNI_EXPORT_NAN_OUTPUTS": poisoned})

@@ -660,7 +660,19 @@ def interrupted_message(out: Path, signal_name: str = "SIGINT") -> str:
         marker = {}
     done = marker.get("finished") if isinstance(marker, dict) else None
     done = sorted(done) if isinstance(done, dict) else []
+    jobs = kept_jobs(out)
+    also = f" and the outputs of {jobs} finished job{'s' if jobs != 1 else ''}" if jobs else ""
     if not done:
+        if jobs:
+            return f"{by}; {out} is marked incomplete (.incomplete); the next run keeps{also[4:]} and runs the rest"
         return f"{by}; {out} is marked incomplete (.incomplete) and the next run rebuilds it"
     return (f"{by}; {out} is marked incomplete (.incomplete); the next run keeps the finished "
-            f"{', '.join(done)} and rebuilds the rest")
+            f"{', '.join(done)}{also} and rebuilds the rest")
+
+
+def kept_jobs(out: Path) -> int:
+    """How many finished jobs' outputs OUT/.jobs keeps for the next run (jobs/results.py)."""
+    d = Path(out) / JOBS
+    if d.is_symlink() or not d.is_dir():
+        return 0
+    return sum(1 for p in d.iterdir() if not p.name.startswith(".") and (p / "result.json").is_file())
