@@ -81,17 +81,20 @@ def paths_in(obj, roots: tuple[str, ...]) -> list[Path]:
 
 
 def inputs_of(args, roots: tuple[str, ...], staging: str) -> list[tuple]:
-    """The files a job's arguments name: a directory's files (OUT itself, roots[0], is only made, not
-    sent: a job reads what it names inside it); a file with its directory's files when under
-    OUT/.staging (an artifact's files, a component's graphs), else with the files saved beside it under
-    its name (external data)."""
+    """The files a job's arguments name, each written whole by a job that has ended: a directory's
+    files (the checkpoint, a trace's captured inputs), except OUT itself (roots[0]) and a component's
+    work directory (OUT/.staging/work/<component>: other jobs may be writing into them now; a job is
+    handed the paths it reads there), which are only made; an artifact's file with the other files of
+    its staging directory (a context binary's .bin); any other file with what is saved beside it under
+    its name (external data, a rounding report)."""
     files: dict[str, Path] = {}
+    work = os.path.join(staging, "work")
     for p in paths_in(args, roots):
-        if str(p) == roots[0]:
+        if str(p) == roots[0] or str(p.parent) == work:
             continue
         if p.is_dir():
             group = [q for q in p.rglob("*") if q.is_file()]
-        elif str(p).startswith(staging + os.sep):
+        elif str(p).startswith(staging + os.sep) and not str(p).startswith(work + os.sep):
             group = [q for q in p.parent.iterdir() if q.is_file()]
         else:
             group = [q for q in p.parent.iterdir() if q.name == p.name or q.name.startswith(p.name + ".")]
