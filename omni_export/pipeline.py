@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts import reproducibility as repro
-from .artifacts.store import Store, raise_if_disk_full
+from .artifacts.store import Store, kept_jobs, raise_if_disk_full
 from .faults import crash_point
 from .memory import release_memory
 from .jobs import record
@@ -48,9 +48,10 @@ def run(opts: RunOptions, progress: Progress | None = None) -> Result:
         raise
     if store.recovered is not None:
         previous = None if opts.force else store.resumable()
-        done = sorted((previous or {}).get("components", {}))
+        done, jobs = sorted((previous or {}).get("components", {})), 0 if opts.force else kept_jobs(opts.out)
         progress.note(f"{opts.out}: a previous run (pid {store.recovered.get('pid')}) did not finish; "
                       + (f"the components it finished are reused ({', '.join(done)}), " if done else "")
+                      + (f"the outputs of {jobs} job(s) it finished are reused, " if jobs else "")
                       + "its other files are rebuilt or removed")
     paced.start()
     try:

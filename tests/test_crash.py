@@ -122,7 +122,7 @@ def test_a_rerun_after_a_kill_answers_every_job_the_killed_run_finished_from_its
     from conftest import ALL_FORMATS_FP16, ROOT, read_manifest
 
     out = tmp_path / "out"
-    args = [a if a != "onnx,dlc,ctx,pte" else "onnx" for a in ALL_FORMATS_FP16] + [
+    args = [a if a != "onnx,dlc,ctx,pte" else "onnx" for a in ALL_FORMATS_FP16 if a != "-q"] + [
         "--checkpoint", str(tiny_checkpoint), "--out", str(out)]
     env = {**os.environ, "OMNI_EXPORT_JOBS": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "omni_export.cli", *args], cwd=ROOT, env=env, text=True,
@@ -148,6 +148,9 @@ def test_a_rerun_after_a_kill_answers_every_job_the_killed_run_finished_from_its
 
     again = run_cli(*args, timeout=600, env={"OMNI_EXPORT_JOBS": "0"})
     assert again.returncode == 0, again.stderr[-2000:]
+    said = again.stdout + again.stderr
+    assert f"the outputs of {len(before)} job(s) it finished are reused" in said
+    assert said.count("cached (a killed run's job)") == len(before)
     m, ref = read_manifest(out), read_manifest(fp16_build)
     graph = {j["id"]: j for j in m["jobs"]["graph"]}
     assert {i for i, j in graph.items() if j.get("cached")} == set(before) and m["jobs"]["cached"] == len(before)
