@@ -318,3 +318,21 @@ def test_int8_code_head_with_an_outlier_channel_is_rejected_by_the_gate(tmp_path
     blocks = {r["block"]: r for r in m["components"]["tts_decode"]["attribution"]["w8a16"]}
     others = min(r["snr_db"] for name, r in blocks.items() if name != "code_head")
     assert blocks["code_head"]["snr_db"] < others - 20          # attribution names the head, not the layers
+
+
+def test_a_repair_that_passes_only_with_every_weight_in_float_is_no_repair(tmp_path):
+    """The demo's tts_condition at w8a16 on the HTP simulator passes only once both of its linears are back in
+    float: 0 % of its weight bytes still quantized, the fp16 build again. That is reported as no quantized
+    variant passing; no w8a16-mixed build is made (it was 'w8a16-mixed accepted, 0.0 % quantized')."""
+    out = tmp_path / "out"
+    run_cli("minicpm-o", "--target", "s25-htp", "--components", "tts_condition", "-p", "w8a16", "-f", "ctx",
+            "--repair", "auto", "--e2e-codes", "0", "--out", str(out), "-q")
+    m = read_manifest(out)
+    search = m["components"]["tts_condition"]["repair"]["w8a16"]
+    last = search["steps"][-1]
+    assert last["verdict"] == "accepted" and last["integer_share"] == 0 and last["note"] == "passes with no weight quantized"
+    assert all(s["verdict"] == "rejected" for s in search["steps"][:-1])
+    assert search["result"] is None and "not a quantized build" in search["stopped"]
+    assert {b["precision"] for b in m["builds"]} == {"w8a16"}
+    assert "repair found no passing variant: step 2 passes only with every weight back in float" in \
+        (out / "report.md").read_text()

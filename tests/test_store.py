@@ -186,6 +186,23 @@ def test_refuses_a_foreign_non_empty_directory_without_force(tmp_path):
         Store(d).begin("r", "t", force=False)
 
 
+def test_files_under_the_scratch_names_of_a_directory_with_no_build_survive_force(tmp_path):
+    """.staging and .jobs are emptied by a run; in an OUT with no build of ours what sits there is someone
+    else's, so even --force refuses (it removed .staging/keep.txt before), and a refused OUT keeps no .lock."""
+    for name in (".staging", ".jobs"):
+        d = tmp_path / name.strip(".")
+        (d / name).mkdir(parents=True)
+        (d / name / "keep.txt").write_text("mine")
+        for force in (False, True):
+            with pytest.raises(UsageError, match=f"{name} holds files omni-export did not write"):
+                Store(d).begin("r", "t", force=force)
+        assert (d / name / "keep.txt").read_text() == "mine"
+        assert sorted(p.name for p in d.iterdir()) == [name]
+    empty = tmp_path / "empty"
+    (empty / ".staging").mkdir(parents=True)                   # an empty one is taken over
+    Store(empty).begin("r", "t", force=False)
+
+
 def test_refuses_writes_that_would_leave_out(tmp_path):
     st = Store(tmp_path / "out")
     st.begin("r", "t", force=False)

@@ -199,6 +199,7 @@ class Store:
         self._info: dict = {}
         self._finished: dict = {}            # component -> {record, entries}: what a killed run resumes from
         self._lock_fd: int | None = None
+        self._made_lock = False
 
     # ---- run lifecycle
     def begin(self, recipe: str, target: str, force: bool) -> dict | None:
@@ -209,8 +210,14 @@ class Store:
         if crashed is not None:
             _refuse_live_run(self.root, crashed)
         previous, state = self._previous_manifest()
-        if not force:
-            self._check_owner(previous, state, crashed, recipe, target)
+        try:
+            if not force:
+                self._check_owner(previous, state, crashed, recipe, target)
+            if previous is None and crashed is None:
+                self._check_scratch_names()
+        except UsageError:
+            self._release_refused()
+            raise
         self._journal = {f["path"] for f in listed_files(previous or {}) if isinstance(f.get("path"), str)}
         self._journal |= {p for p in (crashed or {}).get("files", []) if isinstance(p, str)}
         self._had_build = previous is not None and crashed is None
@@ -348,6 +355,7 @@ class Store:
         if self._lock_fd is not None:
             return
         path = self.root / LOCK
+        self._made_lock = not os.path.lexists(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
@@ -541,6 +549,23 @@ class Store:
             raise UsageError(f"{where} is not empty and holds no omni-export build (found {others[0]}); "
                              f"choose a new or empty --out, or pass --force (omni-export never removes "
                              f"files it did not write)")
+
+    def _check_scratch_names(self) -> None:
+        """OUT has no build of ours, so whatever sits under the names omni-export keeps for its scratch
+        files (.staging, .jobs) is someone else's: refused, even with --force, since a run empties them."""
+        for name in (STAGING, JOBS):
+            p = self.root / name
+            if p.is_symlink() or not p.exists():
+                continue                     # a link is replaced, never followed (staging_root)
+            if not p.is_dir() or any(p.iterdir()):
+                raise UsageError(f"{p} holds files omni-export did not write ({self.root} has no omni-export "
+                                 f"build, and a run empties {name}); move them or choose another --out")
+
+    def _release_refused(self) -> None:
+        """A refused --out keeps nothing of this run: the lock file goes if this run made it."""
+        if self._made_lock:
+            (self.root / LOCK).unlink(missing_ok=True)
+        self._unlock()
 
     def _check_writable(self) -> None:
         if self.root.exists() and not self.root.is_dir():

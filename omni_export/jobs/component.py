@@ -630,7 +630,12 @@ class ComponentJobs:
         self._line(job, _headline(verdict, self.component.gated_outputs)
                    + ("" if share is None else f"; {100 * share:.0f} % of weight bytes still quantized"),
                    failed=not verdict.accepted)
-        if verdict.accepted:
+        if verdict.accepted and share == 0:
+            # every weight back in float: a variant of nothing quantized is the fp16 build again, not a repair
+            row["note"] = "passes with no weight quantized"
+            search["stopped"] = (f"step {k} passes only with every weight back in float ({', '.join(names)}): "
+                                 f"not a quantized build")
+        elif verdict.accepted:
             search["result"] = {"precision": p.repaired().value, "step": k, "kept_float": names,
                                 "integer_share": share, "snr_db": row["snr_db"]}
             self.states[job.id] = result        # its QDQ graph: the source kept for AI Hub (_keep_for_hub)
