@@ -56,6 +56,11 @@ def test_the_build_bundles_one_accepted_artifact_per_component_with_a_valid_runt
     host = rt["host"]
     assert host["speakers"] and host["sample_rate"] == 24000 and host["streaming"]["chunk_frames"] == 2
     assert {"model/vocab.json", "model/merges.txt"} <= set(host["tokenizer"]["files"])
+    assert host["tokenizer"]["text_split"] == m["checkpoint"]["text_split"] == "qwen2"    # one name, as synth --json
+    bad = json.loads(json.dumps(rt))
+    bad["host"]["tokenizer"]["text_split"] = "bert"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, json.loads(SCHEMA.read_text()))
     assert host["sampling"]["top_k"] == 50 and host["kv_cache"]["talker"]["context"] == 1024
     report = (build / "report.md").read_text()
     assert "**Bundle** `bundle`:" in report and "`runtime.json` and a README" in report

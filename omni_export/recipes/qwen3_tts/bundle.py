@@ -77,7 +77,7 @@ def host(m: dict, out: Path):
         "frame_ms": round(1000 * c2w.samples_per_frame / rate, 3),
         "options": {k: opts.get(k) for k in BUNDLED_OPTIONS} | {"talker-parts": 2 if split_talker else 1},
         "tokenizer": {"files": [f"{MODEL_DIR}/{n}" for n in tok], "template": ASSISTANT_TEMPLATE,
-                      "instruct_template": INSTRUCT_TEMPLATE, **({"split": split} if split else {})},
+                      "instruct_template": INSTRUCT_TEMPLATE, **({"text_split": split} if split else {})},
         "model_config": {k: rel for k, (rel, _, _) in zip(("config", "speech_tokenizer", "generation_config"), copies)
                          if rel.endswith("config.json") and "tokenizer_config" not in rel},
         "tables": {"file": TABLES, "tensors": tables},
@@ -222,6 +222,9 @@ def synth(kw: dict) -> dict:
     if rt["recipe"]["name"] != "qwen3-tts" or not rt.get("host"):
         raise UsageError(f"--bundle {root} is a bundle of {rt['recipe']['name']}, not qwen3-tts")
     model = load_bundle(root, rt)
+    kept = (rt["host"].get("tokenizer") or {}).get("text_split")
+    if kept and (kw.get("text_split") or "auto") == "auto" and (kw.get("text") or kw.get("instruct") or kw.get("ref_text")):
+        kw = {**kw, "text_split": kept}      # the split the build's graphs were judged with, as runtime.json says
     graphs = BuildGraphs.from_bundle(root, rt)
     return _run(model, root, {**kw, "runner": "bundle"}, f"the bundle {root}", graphs=graphs)
 
