@@ -51,6 +51,25 @@ class Bundle:
     note: str = ""                                 # what the recipe does not bundle yet
 
 
+def source_checkpoint(m: dict, out: Path, need: tuple[str, ...]) -> Path:
+    """The checkpoint build OUT (manifest `m`) recorded, where a recipe's bundle hook reads its host
+    data: each file of `need` (relative to it) must be there, and a weight file among them must still
+    have the sha256 manifest.json recorded. UsageError (one line) otherwise."""
+    from .store import sha256_file
+
+    path = Path(m["checkpoint"]["path"])
+    weights = {w["path"]: w.get("sha256") for w in m["checkpoint"].get("weights", [])}
+    missing = next((n for n in need if not (path / n).is_file()), None)
+    if missing:
+        raise UsageError(f"{out}: its checkpoint {path} is gone (no {missing}); the bundle takes the host's "
+                         f"tables, config and tokenizer from it (rebuild, or restore the checkpoint there)")
+    for n in need:
+        if weights.get(n) and sha256_file(path / n) != weights[n]:
+            raise UsageError(f"{path / n} is not the checkpoint {out} was built from (its sha256 differs from "
+                             f"manifest.json's); rebuild")
+    return path
+
+
 # ------------------------------------------------------------------------------------------ choosing
 
 def parse_picks(texts) -> dict[str, tuple[str, str]]:

@@ -58,6 +58,7 @@ RECIPE = Recipe(
     tiny="omni_export.recipes.spark.checkpoint:write_checkpoint",
     end_to_end="omni_export.recipes.spark.e2e:run",
     synth="omni_export.recipes.spark.synth",
+    bundle="omni_export.recipes.spark.bundle:host",
     also_attempt=(Precision.W8A8, Precision.W4A16),
     links=(LinkGroup("prefill+decode", ("prefill", "decode"),
                      "one context binary, the weights stored once, both graphs in it (AI Hub link job)"),),

@@ -9,15 +9,17 @@ from pathlib import Path
 import click
 
 HELP = """Generate text with a Spark-X2.5 checkpoint (greedy), through the fp32 reference graphs or the
-exported prefill + decode graphs of a build (--build OUT --runner ort|htp|pte).
+exported prefill + decode graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone
+(--bundle DIR).
 
 \b
   omni-export synth spark --checkpoint DIR --prompt "Plan a trip to Kyoto." --max-tokens 64
   omni-export synth spark --build artifacts/spark-s25-htp --runner htp --prompt "Hi" --max-tokens 16
+  omni-export synth spark --bundle artifacts/spark-s25-htp/bundle --prompt "Hi" --max-tokens 16
   omni-export synth spark --checkpoint DIR --prompt-ids 9707,11,1879 --max-tokens 8 --json
 
 The prompt is tokenised as given (no chat template is applied); generation stops at the config's
-eos_token_id or after --max-tokens. The build's own --prefill-tokens / --context-length apply.
+eos_token_id or after --max-tokens. The build's (or bundle's) own --prefill-tokens / --context-length apply.
 """
 
 
@@ -28,6 +30,10 @@ def options() -> list:
           help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
                "the build's checkpoint with --build, else the tiny demo checkpoint"),
         o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--bundle"], type=click.Path(), default=None,
+          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, tokenizer, "
+               "embedding table and graphs, each graph on its format's runtime (context binary: the HTP simulator; "
+               "ONNX: ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
         o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
           help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
         o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
@@ -48,26 +54,32 @@ def run(**kw) -> dict:
 
     if kw.get("max_tokens") is None or kw["max_tokens"] < 1:
         raise UsageError(f"--max-tokens must be >= 1 (got {kw.get('max_tokens')})")
+    if kw.get("bundle"):
+        from .bundle import synth
+
+        return synth(kw)
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
         return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw, name: str) -> dict:
+def _run(model, build, kw, name: str, graphs=None) -> dict:
+    """`graphs`: a bundle's (bundle.synth), else the build's on --runner, else the eager modules."""
     from ...artifacts.manifest import read_manifest
     from ...runtime.graphs import BuildGraphs, EagerGraphs
 
     ids = _prompt(model, kw, build, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
-        else EagerGraphs(model)
+    built = graphs is not None or build is not None
+    graphs = graphs or (BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build
+                        else EagerGraphs(model))
     try:
         gen = model.generate(graphs, ids, int(kw["max_tokens"]), stop=not kw.get("ignore_eos"))
     finally:
-        if build:
+        if built:
             graphs.close()
-    where = (f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build
-             else "fp32 eager")
+    where = (f"{build or kw['bundle']} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})"
+             if built else "fp32 eager")
     stopped = "eos" if gen.tokens and gen.tokens[-1] in model.stop_ids and not kw.get("ignore_eos") else "max-tokens"
     return {"text": model.tokenizer.decode(gen.tokens), "tokens": ",".join(map(str, gen.tokens)),
             "prompt_tokens": len(ids), "generated": len(gen.tokens), "stopped": stopped, "graphs": where,
