@@ -129,6 +129,7 @@ RECIPE = Recipe(
     tiny="omni_export.recipes.minicpm_o.checkpoint:write_checkpoint",
     end_to_end="omni_export.recipes.minicpm_o.e2e:run",
     synth="omni_export.recipes.minicpm_o.synth",
+    bundle="omni_export.recipes.minicpm_o.bundle:host",
     options=(
         RecipeOption("prefill-tokens", int, 32, "tts_condition / tts_prefill: tokens per call (P)", range=(1, 4096)),
         RecipeOption("context-length", int, 1024, "TTS backbone: KV cache slots (C): condition + codes", range=(8, 32768)),

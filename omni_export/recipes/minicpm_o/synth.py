@@ -9,12 +9,14 @@ from pathlib import Path
 import click
 
 HELP = """Generate MiniCPM-o 4.5 speech from an LLM's hidden states: codes (one codebook, 25 Hz), mel and a
-24 kHz WAV, through the fp32 graphs or the exported graphs of a build (--build OUT --runner ort|htp|pte).
+24 kHz WAV, through the fp32 graphs or the exported graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone
+(--bundle DIR).
 
 \b
   omni-export synth minicpm-o --checkpoint DIR --hidden-states h.npy --text-ids ids.npy --codes-out c.npy
   omni-export synth minicpm-o --build artifacts/minicpm-o-s25-htp --runner htp --wav out.wav
       (no --hidden-states: a seeded synthetic utterance, for the demo)
+  omni-export synth minicpm-o --bundle artifacts/minicpm-o-s25-htp/bundle --greedy --codes-out c.npy
 
 --hidden-states is the LLM's last hidden states [tokens, llm_dim] for the spoken tokens (.npy),
 --text-ids their token ids ([tokens] .npy or comma-separated). Sampling follows the checkpoint's
@@ -33,6 +35,10 @@ def options() -> list:
           help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
                "the build's checkpoint with --build, else the demo checkpoint"),
         o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--bundle"], type=click.Path(), default=None,
+          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, config, "
+               "host tables and graphs, each graph on its format's runtime (context binary: the HTP simulator; "
+               "ONNX: ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
         o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
           help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
         o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
@@ -69,13 +75,18 @@ def run(**kw) -> dict:
     for key, option in (("codes_out", "--codes-out"), ("mel_out", "--mel-out"), ("wav", "--wav")):
         if kw.get(key):      # before any work: a FIFO, directory or device there is refused now
             check_output_file(kw[key] if key == "wav" else npy_path(kw[key]), option)
+    if kw.get("bundle"):
+        from .bundle import synth
+
+        return synth(kw)
     build = Path(kw["build"]) if kw.get("build") else None
     opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
         return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
 
-def _run(model, build, kw, name: str) -> dict:
+def _run(model, build, kw, name: str, graphs=None) -> dict:
+    """`graphs`: a bundle's (bundle.synth), else the build's on --runner, else the eager modules."""
     import numpy as np
 
     from ...artifacts.manifest import read_manifest
@@ -85,8 +96,9 @@ def _run(model, build, kw, name: str) -> dict:
     if kw["max_codes"] < 1 or kw["min_new_tokens"] < 0:
         raise UsageError("--max-codes must be >= 1 and --min-new-tokens >= 0")
     utt = _utterance(model, kw, name)
-    graphs = BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build \
-        else EagerGraphs(model)
+    built = graphs is not None or build is not None
+    graphs = graphs or (BuildGraphs(build, kw["runner"], kw.get("precision"), manifest=read_manifest(build)) if build
+                        else EagerGraphs(model))
     pick = lambda k, d: kw[k] if kw.get(k) is not None else d      # noqa: E731
     c = model.cfg
     opts = model.gen_options(greedy=bool(kw.get("greedy")), seed=kw.get("seed") or 0, max_codes=kw["max_codes"],
@@ -109,7 +121,7 @@ def _run(model, build, kw, name: str) -> dict:
                 wav = model.vocode(graphs, mel, kw.get("seed") or 0)
             mel = mel[0]
     finally:
-        if build:
+        if built:
             graphs.close()
     from ...modeling.audio import write_wav
     from ...runtime.synth import npy_path, save_output
@@ -120,8 +132,9 @@ def _run(model, build, kw, name: str) -> dict:
         save_output(npy_path(kw["mel_out"]), "--mel-out", lambda p: np.save(p, mel.astype(np.float32)))
     if wav is not None:
         save_output(Path(kw["wav"]), "--wav", lambda p: write_wav(p, wav, model.hift[0].sampling_rate))
-    where = f"{build} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" if build else "fp32 eager"
-    if build and graphs.placed:
+    where = f"{build or kw['bundle']} on {kw['runner']} ({', '.join(sorted(set(graphs.precision.values())))})" \
+        if built else "fp32 eager"
+    if built and graphs.placed:
         where += "; " + ", ".join(f"{g} at fp32 on the CPU" for g in sorted(graphs.placed))
     return {"codes": int(len(gen.codes)), "seconds": round(len(gen.codes) / 25.0, 3), "stopped": gen.stopped,
             "utterance": utt.name, "graphs": where, "checkpoint": str(model.path), "label": model.info["label"],
