@@ -325,3 +325,42 @@ def test_an_end_to_end_row_runs_on_precision_repairs_build_when_the_plain_one_wa
     assert not _accepted(m, "decode", "htp", "w8a8")
     m["builds"][-1]["status"] = "accepted"
     assert _accepted(m, "decode", "htp", "w8a8") and not _accepted(m, "decode", "htp", "w4a16")
+
+
+# ------------------------------------------------------------------------------------- the bundle
+
+def test_synth_from_the_bundle_alone_gives_the_tokens_of_the_build_on_the_htp(fp16_build, tiny, tmp_path):
+    """The build's bundle (context binaries) carries the host loop's data under the published schema,
+    and `synth spark --bundle` with neither the build nor the checkpoint left gives the tokens `synth
+    --build --runner htp` gives: a prompt over several prefill blocks, decoding past the 16-slot ring."""
+    from omni_export.artifacts.bundle import schema_error
+
+    out, ckpt, ship = tmp_path / "out", tmp_path / "ckpt", tmp_path / "elsewhere" / "ship"
+    shutil.copytree(fp16_build, out)
+    shutil.copytree(tiny, ckpt)
+    m = json.loads((out / "manifest.json").read_text())
+    m["checkpoint"]["path"] = str(ckpt)
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert run_cli("bundle", str(out), "--into", str(ship)).returncode == 0
+    rt = json.loads((ship / "runtime.json").read_text())
+    assert schema_error(rt) is None and {c: g["format"] for c, g in rt["graphs"].items()} == \
+        {"prefill": "ctx", "decode": "ctx"}
+    h = rt["host"]
+    cfg = ck.geometry("tiny")
+    assert h["kv_cache"]["sliding"]["shape"] == [1, 2, 16, 32] and h["kv_cache"]["full"]["shape"] == [1, 2, 64, 32]
+    assert h["kv_cache"]["sliding_layers"] == [0, 1, 2] and h["kv_cache"]["full_layers"] == [3]
+    assert h["special_ids"] == {"eos": [cfg.eos_token_id], "pad": cfg.pad_token_id, "bos": None}
+    assert h["tables"]["tensors"]["embedding"]["shape"] == [320, 64] and h["options"] == \
+        {"prefill-tokens": 8, "context-length": 64}
+    assert schema_error({**rt, "host": {**h, "kv_layout": "?"}})      # strict: an unknown host key is refused
+    args = ["--prompt", "Write a haiku about autumn.", "--max-tokens", "12", "--ignore-eos", "--json"]
+    built = run_cli("synth", "spark", "--build", str(out), "--runner", "htp", *args)
+    shutil.rmtree(out)
+    shutil.rmtree(ckpt)
+    alone = run_cli("synth", "spark", "--bundle", str(ship), *args)
+    assert built.returncode == 0 and alone.returncode == 0, (built.stderr[-2000:], alone.stderr[-2000:])
+    a, b = json.loads(alone.stdout), json.loads(built.stdout)
+    assert a["prompt_tokens"] > 16 and a["generated"] == 12 and a["graphs"] == f"{ship} on bundle (fp16)"
+    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+    wrong = run_cli("synth", "spark", "--bundle", str(ship), "--build", str(out), "--prompt", "x")
+    assert wrong.returncode == 2 and wrong.stderr.strip().endswith("--bundle runs from the bundle alone; drop --build")
