@@ -336,3 +336,43 @@ def test_a_repair_that_passes_only_with_every_weight_in_float_is_no_repair(tmp_p
     assert {b["precision"] for b in m["builds"]} == {"w8a16"}
     assert "repair found no passing variant: step 2 passes only with every weight back in float" in \
         (out / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------- the bundle
+
+def test_synth_from_the_bundle_alone_gives_the_codes_and_mel_of_the_build_on_the_htp(fp16_build, tiny, tmp_path):
+    """The build's bundle (context binaries) carries the voice path's host data under the published
+    schema, and `synth minicpm-o --bundle` with neither the build nor the checkpoint left samples the
+    codes (seeded) and solves the mel `synth --build --runner htp` does, byte for byte."""
+    from omni_export.artifacts.bundle import schema_error
+
+    _, built_out = fp16_build
+    out, ckpt, ship = tmp_path / "out", tmp_path / "ckpt", tmp_path / "elsewhere" / "ship"
+    shutil.copytree(built_out, out)
+    shutil.copytree(tiny, ckpt)
+    m = json.loads((out / "manifest.json").read_text())
+    m["checkpoint"]["path"] = str(ckpt)
+    m["checkpoint"]["config"]["token2wav"] = str(ckpt / "assets" / "token2wav" / "flow.safetensors")
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert run_cli("bundle", str(out), "--into", str(ship)).returncode == 0
+    rt = json.loads((ship / "runtime.json").read_text())
+    assert schema_error(rt) is None and set(rt["graphs"]) == set(COMPONENTS)
+    h, cfg = rt["host"], ck.read_config(tiny)
+    assert h["special_ids"] == {"text_eos": cfg.text_eos_token_id, "audio_bos": cfg.audio_bos_token_id,
+                                "eos_code": cfg.num_audio_tokens - 1}
+    assert h["tables"]["tensors"]["text_embedding"]["shape"] == [cfg.num_text_tokens, cfg.hidden_size]
+    assert h["token2wav"]["dit"]["steps"] == 4 and len(h["token2wav"]["dit"]["t_span"]) == 5
+    assert h["token2wav"]["vocoder"] is None and "no wav" in rt["note"]       # the fixture leaves HiFT out
+    assert schema_error({**rt, "host": {**h, "sampling": {**h["sampling"], "seed": 1}}})   # strict
+    args = ["--max-codes", "10", "--seed", "3", "--json"]
+    built = run_cli("synth", "minicpm-o", "--build", str(out), "--runner", "htp", *args,
+                    "--codes-out", str(tmp_path / "b.npy"), "--mel-out", str(tmp_path / "b_mel.npy"))
+    shutil.rmtree(out)
+    shutil.rmtree(ckpt)
+    alone = run_cli("synth", "minicpm-o", "--bundle", str(ship), *args,
+                    "--codes-out", str(tmp_path / "a.npy"), "--mel-out", str(tmp_path / "a_mel.npy"))
+    assert built.returncode == 0 and alone.returncode == 0, (built.stderr[-2000:], alone.stderr[-2000:])
+    assert json.loads(alone.stdout)["graphs"] == f"{ship} on bundle (fp16)"
+    assert json.loads(alone.stdout)["codes"] == 10
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+    assert np.load(tmp_path / "a_mel.npy").tobytes() == np.load(tmp_path / "b_mel.npy").tobytes()
