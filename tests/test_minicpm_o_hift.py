@@ -242,3 +242,24 @@ def test_snake_pow_is_what_the_htp_rewrite_replaces(tiny, tmp_path):
     new, counts = rw.apply(torch.export.export(block, x), ("pow_mul",))
     assert counts == {"pow_mul": 6} and rw.count_op(new, torch.ops.aten.pow.Tensor_Scalar) == 0
     assert _snr(block(*x).detach().numpy(), new.module()(*x).detach().numpy()) > 100
+
+
+def test_synth_from_the_bundle_alone_writes_the_wav_of_the_build(cpu_build, tmp_path):
+    """With HiFT in the build, the bundle carries the vocoder's host data (NSF source layer, iSTFT, placement)
+    and `synth --bundle --wav` writes the bytes `synth --build --runner ort --wav` writes (same seed)."""
+    from omni_export.artifacts.bundle import schema_error
+
+    _, out = cpu_build
+    ship = tmp_path / "ship"
+    assert run_cli("bundle", str(out), "--into", str(ship)).returncode == 0
+    rt = json.loads((ship / "runtime.json").read_text())
+    voc = rt["host"]["token2wav"]["vocoder"]
+    assert schema_error(rt) is None and "note" not in rt and rt["graphs"]["hift_f0"]["precision"] == "fp32"
+    assert voc["samples_per_mel_frame"] == 480 and rt["host"]["tables"]["tensors"]["hift_source_weight"]["shape"] == \
+        [1, H.TINY_HIFT.nb_harmonics + 1]
+    args = ["--max-codes", "6", "--seed", "2", "--json"]
+    a = run_cli("synth", "minicpm-o", "--bundle", str(ship), *args, "--wav", str(tmp_path / "a.wav"))
+    b = run_cli("synth", "minicpm-o", "--build", str(out), "--runner", "ort", *args, "--wav", str(tmp_path / "b.wav"))
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
+    assert json.loads(a.stdout)["wav_seconds"] == 0.24
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
