@@ -80,3 +80,21 @@ def context_hint(recipe, build, option: str = "context-length") -> str:
     if build:
         return f"rebuild {build} with a larger --{option} (at most {top})"
     return f"build with a larger --{option} (at most {top}) and synth --build it"
+
+
+def open_bundle(kw: dict, recipe: str):
+    """(bundle directory, its checked runtime.json, its graphs) for `synth RECIPE --bundle DIR`: the
+    bundle alone (--build / --checkpoint refused), runtime.json checked (schema, paths, sha256), and a
+    bundle of `recipe` with its host data. UsageError (one line) otherwise."""
+    from ..artifacts.bundle import read_runtime
+    from ..core import UsageError
+    from .graphs import BuildGraphs
+
+    for flag in ("build", "checkpoint"):
+        if kw.get(flag):
+            raise UsageError(f"--bundle runs from the bundle alone; drop --{flag}")
+    root = Path(kw["bundle"])
+    rt = read_runtime(root)
+    if rt["recipe"]["name"] != recipe or not rt.get("host"):
+        raise UsageError(f"--bundle {root} is a bundle of {rt['recipe']['name']}, not {recipe}")
+    return root, rt, BuildGraphs.from_bundle(root, rt)

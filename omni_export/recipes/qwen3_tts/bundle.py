@@ -29,22 +29,14 @@ BUNDLED_OPTIONS = ("prefill-tokens", "context-length", "chunk-frames", "left-con
 def host(m: dict, out: Path):
     """artifacts.bundle.Bundle for build `m`: the checkpoint's host data, read from the checkpoint the
     build recorded (its model.safetensors checked against the manifest's sha256)."""
-    from ...artifacts.bundle import Bundle
-    from ...artifacts.store import sha256_file
+    from ...artifacts.bundle import Bundle, source_checkpoint
     from . import checkpoint as ck
     from ...core import variant_name
     from .model import parse_schedule
     from .prompt import ASSISTANT_TEMPLATE, INSTRUCT_TEMPLATE
     from .synth import _gen_kwargs
 
-    path = Path(m["checkpoint"]["path"])
-    weights = {w["path"]: w.get("sha256") for w in m["checkpoint"].get("weights", [])}
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise UsageError(f"{out}: its checkpoint {path} is gone; the bundle takes the host's embedding tables, "
-                         f"config and tokenizer from it (rebuild, or restore the checkpoint there)")
-    if weights.get("model.safetensors") and sha256_file(path / "model.safetensors") != weights["model.safetensors"]:
-        raise UsageError(f"{path / 'model.safetensors'} is not the checkpoint {out} was built from (its sha256 "
-                         f"differs from manifest.json's); rebuild")
+    path = source_checkpoint(m, out, ("config.json", "model.safetensors"))
     cfg = ck.read_model_config(path)
     c2w, raw = ck.read_code2wav_config(path)
     rate = raw.get("output_sample_rate", 24000)
@@ -210,22 +202,14 @@ def synth(kw: dict) -> dict:
     """`synth qwen3-tts --bundle DIR`: text (or ids, or codes) -> WAV from the bundle alone: its
     runtime.json (checked: schema, paths, sha256), its graphs and its host data; the host loop is
     synth's own (synth._run over graphs.BuildGraphs.from_bundle)."""
-    from ...artifacts.bundle import read_runtime
-    from ...runtime.graphs import BuildGraphs
+    from ...runtime.synth import open_bundle
     from .synth import _run
 
-    for flag in ("build", "checkpoint"):
-        if kw.get(flag):
-            raise UsageError(f"--bundle runs from the bundle alone; drop --{flag}")
-    root = Path(kw["bundle"])
-    rt = read_runtime(root)
-    if rt["recipe"]["name"] != "qwen3-tts" or not rt.get("host"):
-        raise UsageError(f"--bundle {root} is a bundle of {rt['recipe']['name']}, not qwen3-tts")
+    root, rt, graphs = open_bundle(kw, "qwen3-tts")
     model = load_bundle(root, rt)
     kept = (rt["host"].get("tokenizer") or {}).get("text_split")
     if kept and (kw.get("text_split") or "auto") == "auto" and (kw.get("text") or kw.get("instruct") or kw.get("ref_text")):
         kw = {**kw, "text_split": kept}      # the split the build's graphs were judged with, as runtime.json says
-    graphs = BuildGraphs.from_bundle(root, rt)
     return _run(model, root, {**kw, "runner": "bundle"}, f"the bundle {root}", graphs=graphs)
 
 

@@ -167,16 +167,8 @@ def load_bundle(root: Path, rt: dict):
 def synth(kw: dict) -> dict:
     """`synth spark --bundle DIR`: prompt -> tokens from the bundle alone: its runtime.json (checked:
     schema, paths, sha256), its graphs and its host data; the loop is synth's own."""
-    from ...artifacts.bundle import read_runtime
-    from ...runtime.graphs import BuildGraphs
+    from ...runtime.synth import open_bundle
     from .synth import _run
 
-    for flag in ("build", "checkpoint"):
-        if kw.get(flag):
-            raise UsageError(f"--bundle runs from the bundle alone; drop --{flag}")
-    root = Path(kw["bundle"])
-    rt = read_runtime(root)
-    if rt["recipe"]["name"] != "spark" or not rt.get("host"):
-        raise UsageError(f"--bundle {root} is a bundle of {rt['recipe']['name']}, not spark")
-    return _run(load_bundle(root, rt), None, {**kw, "runner": "bundle"}, f"the bundle {root}",
-                graphs=BuildGraphs.from_bundle(root, rt))
+    root, rt, graphs = open_bundle(kw, "spark")
+    return _run(load_bundle(root, rt), None, {**kw, "runner": "bundle"}, f"the bundle {root}", graphs=graphs)
