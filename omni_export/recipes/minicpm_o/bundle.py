@@ -34,6 +34,7 @@ def host(m: dict, out: Path):
     from ...artifacts.bundle import Bundle, source_checkpoint
     from . import checkpoint as ck
     from .host import MASKED, REPETITION_WINDOW
+    from .recipe import RECIPE
     from .token2wav import CFG_RATE, FREQ_DIM, TIME_SCALE, t_span
 
     path = Path(m["checkpoint"]["path"])
@@ -41,7 +42,8 @@ def host(m: dict, out: Path):
     path = source_checkpoint(m, out, ("config.json", *sorted(set(files.values()))))
     cfg = ck.read_config(path)
     opts = (m.get("options") or {}).get("recipe_options", {})
-    o = {k: opts.get(k) for k in BUNDLED_OPTIONS}
+    defaults = {x.name: x.default for x in RECIPE.options}
+    o = {k: int(opts[k]) if opts.get(k) is not None else defaults[k] for k in BUNDLED_OPTIONS}
     comps = m.get("components") or {}
     conf = (m.get("checkpoint") or {}).get("config") or {}
     hift = conf.get("hift") if "hift" in comps else None

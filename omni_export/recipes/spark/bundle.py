@@ -32,11 +32,13 @@ def host(m: dict, out: Path):
     from ...weights import read_header
     from .config import FULL, SLIDING, read_config
     from .host import MASK
+    from .recipe import RECIPE
 
     path = source_checkpoint(m, out, ("config.json", "model.safetensors"))
     cfg = read_config(path)
     opts = (m.get("options") or {}).get("recipe_options", {})
-    n, context = int(opts.get("prefill-tokens") or 128), int(opts.get("context-length") or 1024)
+    defaults = {x.name: x.default for x in RECIPE.options}
+    n, context = (int(opts.get(k) or defaults[k]) for k in BUNDLED_OPTIONS)
     tok = [f for f in TOKENIZER_FILES if (path / f).is_file()]
     copies = [(f"{MODEL_DIR}/config.json", path / "config.json", "model config")]
     gen = _generation_config(path)
@@ -49,7 +51,7 @@ def host(m: dict, out: Path):
     kv, hd, w, ls, lf = cfg.num_key_value_heads, cfg.head_dim, cfg.sliding_window, cfg.sliding_layers, cfg.full_layers
     per_slot = 2 * kv * hd * 4              # key + value rows, float32
     host_rt = {
-        "options": {k: opts.get(k) for k in BUNDLED_OPTIONS},
+        "options": {"prefill-tokens": n, "context-length": context},
         "tokenizer": {"files": [f"{MODEL_DIR}/{f}" for f in tok], "template": TEMPLATE, "split": "qwen2",
                       "chat_template": "not applied: the prompt text is tokenised as given (synth spark), so the "
                                        "app applies the checkpoint's chat template, if it wants one, before "
