@@ -137,8 +137,10 @@ def host(m: dict, out: Path):
         + (" --wav out.wav" if hift else ""), "```"])
     return Bundle(host=host_rt, copies=[(f"{MODEL_DIR}/config.json", path / "config.json", "model config")],
                   blobs=[(TABLES, write_tables, "host embedding tables")], readme=readme,
-                  note="" if hift else "the HiFT vocoder's graphs are not in this build, so the bundle stops at the "
-                                       "mel (no wav)")
+                  note="a voice prompt (campplus.onnx for the speaker embedding, a reference's prompt mel and speech "
+                       "tokens): the host's speaker vector is a seeded stand-in and cond is zeros, as in synth minicpm-o"
+                       + ("" if hift else "; the HiFT vocoder's graphs are not in this build, so the bundle stops at "
+                                          "the mel (no wav)"))
 
 
 def _prod(xs) -> int:
