@@ -52,7 +52,7 @@ def host(m: dict, out: Path):
     per_slot = 2 * kv * hd * 4              # key + value rows, float32
     host_rt = {
         "options": {"prefill-tokens": n, "context-length": context},
-        "tokenizer": {"files": [f"{MODEL_DIR}/{f}" for f in tok], "template": TEMPLATE, "split": "qwen2",
+        "tokenizer": {"files": [f"{MODEL_DIR}/{f}" for f in tok], "template": TEMPLATE, "text_split": "qwen2",
                       "chat_template": "not applied: the prompt text is tokenised as given (synth spark), so the "
                                        "app applies the checkpoint's chat template, if it wants one, before "
                                        "tokenising"},
