@@ -8,7 +8,7 @@ import enum
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 
 class UsageError(Exception):
@@ -296,6 +296,10 @@ class Recipe:
     # units that run them: gated like the rest, so the report shows whether they are deployable
     # (Spark: w8a8 and w4a16, which real LLMs lose -- the report is where a user sees that)
     also_attempt: tuple[Precision, ...] = ()
+    # The options that choose the weights the loader writes itself when given no checkpoint: the build
+    # cache keys those weights by these options' values (artifacts/cache.py checkpoint_identity).
+    demo_keys: tuple[str, ...] = ()            # the tiny demo checkpoint (qwen3-tts: variant)
+    random_weights_keys: tuple[str, ...] = ()  # --random-weights, real shapes (qwen3-tts: size, variant)
 
     def component(self, name: str) -> Component:
         for c in self.components:
@@ -308,6 +312,38 @@ class Recipe:
             return replace(c, name=name, doc=f"{c.doc} [{c.variants} = {value}]")
         raise UsageError(f"unknown component '{name}' for {self.name}; valid: "
                          f"{', '.join(c.name for c in self.components)}")
+
+
+# The recipe option that has the loader write seeded weights at real shapes instead of reading a checkpoint.
+RANDOM_WEIGHTS = "random-weights"
+
+
+class RecipeModel(Protocol):
+    """What a recipe's loader returns (Recipe.loader: load(checkpoint, options, scratch) -> RecipeModel):
+    the one interface the pipeline, the jobs and the CLI use. `recipes.load_model` checks every member
+    is there, so a loader that forgets one fails with one line naming it (check_model)."""
+    info: dict                      # the manifest's checkpoint record: path, label, demo, weights, config
+    options: dict                   # the recipe options the model was loaded with, defaults filled in
+    seeds: Mapping[str, Any]        # the seeds behind the captured inputs (the manifest's seeds)
+    capture_cache: dict | None      # {"key", "hit", "store"} when inputs came through the capture cache
+
+    def sizes(self) -> dict[str, int]: ...                   # shape symbol -> value
+    def components(self) -> tuple[str, ...]: ...             # the components this checkpoint has
+    def graph(self, name: str) -> "Graph": ...               # an fp32 eval module and its resolved I/O
+    def samples(self, name: str, kind: str) -> "Samples": ...   # kind: calibration | heldout
+
+
+MODEL_MEMBERS = ("info", "options", "seeds", "capture_cache", "sizes", "components", "graph", "samples")
+_MODEL_METHODS = ("sizes", "components", "graph", "samples")
+
+
+def check_model(recipe: str, loader: str, model) -> None:
+    """UsageError (one line) when the model `loader` returned lacks a RecipeModel member."""
+    missing = [m for m in MODEL_MEMBERS if not hasattr(model, m)]
+    missing += [m for m in _MODEL_METHODS if m not in missing and not callable(getattr(model, m))]
+    if missing:
+        raise UsageError(f"recipe {recipe}: its loader {loader} returned a {type(model).__name__} without "
+                         f"{', '.join(missing)} (omni_export.core.RecipeModel: {', '.join(MODEL_MEMBERS)})")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .jobs.e2e import EndToEndJobs
 from .jobs.eta import check_assumed
 from .jobs.plan import RunOptions, plan
 from .progress import InterruptPoints, Paced, Progress, StageLog
-from .recipes import load_callable
+from .recipes import load_model
 
 @dataclass
 class Result:
@@ -92,8 +92,7 @@ class Build:
         with self._lock:
             if self._model is None:
                 with self.progress.stage("load checkpoint"):
-                    self._model = load_callable(self.opts.recipe.loader)(self.opts.checkpoint, self.recipe_options,
-                                                                         self.opts.out)
+                    self._model = load_model(self.opts.recipe, self.opts.checkpoint, self.recipe_options, self.opts.out)
                 crash_point("loaded")
                 check_assumed(self, self._model)
             return self._model
@@ -156,7 +155,7 @@ class Build:
         if available is None:
             self.seeds = repro.seed_everything()
             m = self.model()
-            available = m.components() if hasattr(m, "components") else None
+            available = m.components()
         self.available = available
         the_plan = plan(opts, available)
         graph = JobGraph()

@@ -75,3 +75,24 @@ def test_a_fourth_family_is_its_folder_and_one_registry_line(tmp_path):
     assert set(rows) == {("ort", "fp32"), ("ort", "fp16")}
     assert all(r["verdict"] == "accepted" and r["wav_snr_db"] >= r["threshold"] for r in rows.values()), rows
     assert "tinyvoc" in (out / "report.md").read_text()
+
+
+def test_a_loader_missing_an_interface_member_fails_in_one_line(tmp_path):
+    """The pipeline uses the loaded model through omni_export.core.RecipeModel only; a loader whose model
+    lacks a member (here TinyVoc without components()) is refused at load, naming the member: exit 2,
+    one line, no AttributeError from inside the pipeline."""
+    copy = add_family(tmp_path / "pkg")
+    model = copy / "omni_export" / "recipes" / "tinyvoc" / "model.py"
+    text = model.read_text()
+    gone = '    def components(self) -> tuple[str, ...]:\n        return ("vocoder",)\n'
+    assert gone in text
+    model.write_text(text.replace(gone, ""))
+    env = {**os.environ, "PYTHONPATH": str(copy), "OMNI_EXPORT_JOBS": "1"}
+    r = subprocess.run([sys.executable, "-m", "omni_export.cli", "tinyvoc", "--target", "cpu", "--formats", "onnx",
+                        "--precision", "fp32", "-q", "--out", str(tmp_path / "out")],
+                       cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ("recipe tinyvoc: its loader omni_export.recipes.tinyvoc.model:load returned a TinyVoc without "
+            "components (omni_export.core.RecipeModel: ") in lines[0]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from omni_export.recipes import REGISTRY, get_recipe, load_callable
+from omni_export.recipes import REGISTRY, get_recipe, load_callable, load_model
 from omni_export.targets import REWRITE_NAMES
 
 
@@ -12,10 +12,10 @@ def test_recipe_has_tiny_fixture_and_every_component_builds(tmp_path, name):
     assert recipe.tiny, f"recipe {name} declares no tiny checkpoint writer"
     ckpt = load_callable(recipe.tiny)(tmp_path / "tiny")
     options = {o.name: o.default for o in recipe.options}
-    model = load_callable(recipe.loader)(ckpt, options, tmp_path)
+    model = load_model(recipe, ckpt, options, tmp_path)
     from omni_export.core import resolve_specs
 
-    available = model.components() if hasattr(model, "components") else [c.name for c in recipe.components]
+    available = model.components()
     assert available
     for comp in (c for c in recipe.components if c.name in available):
         graph = model.graph(comp.name)

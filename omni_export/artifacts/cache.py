@@ -29,7 +29,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..core import variant_base
+from ..core import RANDOM_WEIGHTS, variant_base
 from .store import listed_files, sha256_file
 
 KEY_VERSION = 2           # 2: numerics versions instead of a digest of omni-export's source
@@ -40,12 +40,13 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def checkpoint_identity(checkpoint: Path | None, options: dict, previous: dict | None) -> dict:
-    """What the weights are, without loading them: {"kind", "digest", "files"}."""
-    if options.get("random-weights"):
-        return {"kind": "random-weights", "digest": _digest([options.get("size"), options.get("variant")])}
+def checkpoint_identity(recipe, checkpoint: Path | None, options: dict, previous: dict | None) -> dict:
+    """What the weights are, without loading them: {"kind", "digest", "files"}. Weights the loader writes
+    itself are keyed by the options the recipe says choose them (Recipe.demo_keys, random_weights_keys)."""
+    if options.get(RANDOM_WEIGHTS):
+        return {"kind": RANDOM_WEIGHTS, "digest": _digest([options.get(k) for k in recipe.random_weights_keys])}
     if checkpoint is None:
-        return {"kind": "demo", "digest": _digest([options.get("variant")])}
+        return {"kind": "demo", "digest": _digest([options.get(k) for k in recipe.demo_keys])}
     known = {(f["path"], f["bytes"], f["mtime_ns"], f["inode"]): f["sha256"]
              for f in ((previous or {}).get("cache") or {}).get("checkpoint", {}).get("files", [])
              if isinstance(f, dict) and {"path", "bytes", "mtime_ns", "inode", "sha256"} <= f.keys()}
@@ -85,16 +86,15 @@ class BuildCache:
         self.previous = previous if previous and previous.get("recipe", {}).get("name") == opts.recipe.name else None
         self.opts = opts
         self.options = recipe_options
-        self.checkpoint = checkpoint_identity(opts.checkpoint, recipe_options, self.previous)
+        self.checkpoint = checkpoint_identity(opts.recipe, opts.checkpoint, recipe_options, self.previous)
         toolchain = {k: v for k, v in mf.toolchain().items() if k != "omni-export-git"}
         t = opts.target
         self.base = {"key_version": KEY_VERSION, "recipe": [opts.recipe.name, opts.recipe.version],
                      "checkpoint": self.checkpoint["digest"], "toolchain": toolchain,
                      "target": [t.name, t.soc, t.soc_model, t.htp_arch], "rewrites": list(rewrites),
-                     "attribution": opts.attribution, "sim_samples": getattr(opts, "sim_samples", None),
-                     "htp_finalize": getattr(opts, "htp_finalize", None),
-                     **({"keep_sources": True} if getattr(opts, "keep_sources", False) else {}),
-                     "repair": [getattr(opts, "repair", "off"), getattr(opts, "repair_steps", 0)]}
+                     "attribution": opts.attribution, "sim_samples": opts.sim_samples,
+                     "htp_finalize": opts.htp_finalize, **({"keep_sources": True} if opts.keep_sources else {}),
+                     "repair": [opts.repair, opts.repair_steps]}
         self.keys: dict[str, str] = {}            # component -> component key (this run)
         self.hits: set[str] = set()
 
@@ -102,7 +102,7 @@ class BuildCache:
     def _options_for(self, component: str | None) -> dict:
         out = {}
         for o in self.opts.recipe.options:
-            affects = getattr(o, "affects", None)
+            affects = o.affects
             if component is None or affects is None or component in affects or variant_base(component) in affects:
                 out[o.name] = _option_value(o, self.options.get(o.name))
         return out

@@ -213,7 +213,7 @@ class ComponentJobs:
         traced = trace(graph, calib, heldout)
         counts = work.write_inputs(self.work / "inputs", traced)
         audio = [{k: r[k] for k in self.component.audio_outputs} for r in traced.reference]
-        cc = getattr(model, "capture_cache", None)
+        cc = model.capture_cache
         return {"row_tables": dict(graph.row_tables), "inputs": [s.to_json() for s in traced.inputs], "outputs": [s.to_json() for s in traced.outputs],
                 "calibration": {"source": traced.calibration_source, "count": len(traced.calibration),
                                 "sha256": hash_arrays(traced.calibration)},

@@ -574,9 +574,8 @@ def check_assumed(build, model) -> None:
     model must have exactly those (else the entry is dropped and the run stops, to be run again)."""
     from ..core import UsageError
 
-    assumed = build.assumed
-    have = tuple(model.components()) if hasattr(model, "components") else None
-    if assumed is not None and have is not None and tuple(assumed) != have:
+    assumed, have = build.assumed, tuple(model.components())
+    if assumed is not None and tuple(assumed) != have:
         build.costs.forget_model(build.cache.model_key())
         build.costs.save()
         raise UsageError(f"cost model {build.costs.where}: this model's components were recorded as "

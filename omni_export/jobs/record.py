@@ -171,7 +171,7 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     e2e_reused = e2e.reused if e2e is not None and e2e.runners else build.cache.reuse_e2e(runners) is not None
     model = build.loaded_model or model
     m["summary"] = summary(entries, components, m["end_to_end"])
-    model_seeds = getattr(model, "seeds", {}) if model is not None else {
+    model_seeds = model.seeds if model is not None else {
         k: v for k, v in (build.previous.get("seeds") or {}).items() if k not in seeds}
     m["seeds"] = {**seeds, **model_seeds}
     m["reproducibility"] = repro.declared(m)
@@ -179,7 +179,7 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     build.store.claim()                 # the old manifest lists the old bundle's files
     m["bundle"] = bundle(build.store.root, m, build.progress)
     m["timings"]["total_s"] = round(time.time() - started, 3)
-    if getattr(build, "eta", None) is not None:
+    if build.eta is not None:
         m["timings"]["eta"] = build.eta.record()          # the first ETA against the wall (jobs/eta.py)
     with build.progress.stage("write parity.json, report.md, report.html"):
         write_reports(build.store.root, m, write=build.store.write_text)

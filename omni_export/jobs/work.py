@@ -94,11 +94,11 @@ def load_graph(ref: GraphRef, module: bool = False):
     _graphs.move_to_end(ref)
     lowering, traced = _graphs[ref]
     if module and traced.module is None:
-        from ..recipes import get_recipe, load_callable
+        from ..core import RANDOM_WEIGHTS
+        from ..recipes import get_recipe, load_model
 
-        recipe = get_recipe(ref.recipe)
-        options = {**json.loads(ref.options), "random-weights": False}     # the checkpoint is written already
-        model = load_callable(recipe.loader)(Path(ref.checkpoint), options, Path(ref.scratch))
+        options = {**json.loads(ref.options), RANDOM_WEIGHTS: False}     # the checkpoint is written already
+        model = load_model(get_recipe(ref.recipe), Path(ref.checkpoint), options, Path(ref.scratch))
         traced.module = model.graph(ref.component).module.eval()
     return lowering, traced
 
@@ -268,7 +268,8 @@ def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: s
     import contextlib
 
     from ..progress import FrameFile, Progress, frame_sink
-    from ..recipes import get_recipe, load_callable
+    from ..core import RANDOM_WEIGHTS
+    from ..recipes import get_recipe, load_callable, load_model
 
     class Notes(Progress):
         def __init__(self):
@@ -278,7 +279,7 @@ def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: s
             self.notes.append(text)
 
     r = get_recipe(recipe)
-    model = load_callable(r.loader)(Path(checkpoint), {**json.loads(options), "random-weights": False}, Path(out))
+    model = load_model(r, Path(checkpoint), {**json.loads(options), RANDOM_WEIGHTS: False}, Path(out))
     progress = Notes()
     with frame_sink(FrameFile(meter)) if meter else contextlib.nullcontext():
         rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..core import Recipe, UsageError
+from ..core import Recipe, RecipeModel, UsageError, check_model
 
 REGISTRY: dict[str, str] = {
     "qwen3-tts": "omni_export.recipes.qwen3_tts.recipe",
@@ -21,6 +21,14 @@ def get_recipe(name: str) -> Recipe:
     except KeyError:
         raise UsageError(f"unknown recipe '{name}'; valid: {', '.join(REGISTRY)}") from None
     return importlib.import_module(module).RECIPE
+
+
+def load_model(recipe: Recipe, checkpoint, options: dict, scratch) -> RecipeModel:
+    """The recipe's loader on `checkpoint` (None: its demo checkpoint, written under `scratch`), checked
+    against the RecipeModel interface."""
+    model = load_callable(recipe.loader)(checkpoint, options, scratch)
+    check_model(recipe.name, recipe.loader, model)
+    return model
 
 
 def load_callable(path: str):

@@ -43,6 +43,7 @@ class MiniCPMO:
     tensors: dict
     info: dict = field(default_factory=dict)
     _samples: dict | None = None
+    capture_cache: dict | None = None       # its inputs are captured at load, never cached
     demo_seed: int | None = None
 
     @property

@@ -169,6 +169,8 @@ RECIPE = Recipe(
            *(LinkGroup(f"talker_part{i}", (f"talker_prefill_part{i}", f"talker_decode_part{i}"),
                        f"the talker's prefill and step, {_HALF[i].split(' (')[0]}") for i in (1, 2)),
            LinkGroup("predictor", ("predictor_prefill", "predictor_decode"), "the code predictor's prefill and step")),
+    demo_keys=("variant",),
+    random_weights_keys=("size", "variant"),
     options=(
         RecipeOption("prefill-tokens", int, 32, "talker_prefill: tokens per prefill call (P)", range=(1, 4096)),
         RecipeOption("context-length", int, 1024, "talker: KV cache slots (C): prompt + frames", range=(8, 32768)),

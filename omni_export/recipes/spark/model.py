@@ -39,6 +39,7 @@ class Spark:
     tensors: dict
     info: dict = field(default_factory=dict)
     demo_seed: int | None = None
+    capture_cache: dict | None = None       # its inputs are captured at load, never cached
     _samples: dict | None = None
 
     @property

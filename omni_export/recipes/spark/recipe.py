@@ -62,6 +62,7 @@ RECIPE = Recipe(
     also_attempt=(Precision.W8A8, Precision.W4A16),
     links=(LinkGroup("prefill+decode", ("prefill", "decode"),
                      "one context binary, the weights stored once, both graphs in it (AI Hub link job)"),),
+    random_weights_keys=("size",),
     options=(
         RecipeOption("prefill-tokens", int, 128, "prefill: tokens per call (N)", range=(1, 8192)),
         RecipeOption("context-length", int, 1024, "full layers: KV cache slots (C) = prompt + generated tokens", range=(8, 32768)),

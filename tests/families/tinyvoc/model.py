@@ -62,6 +62,7 @@ class TinyVoc:
     options: dict
     info: dict = field(default_factory=dict)
     seeds: dict = field(default_factory=lambda: {"calibration": 1, "heldout": 2})
+    capture_cache: dict | None = None       # seeded inputs: nothing to cache
 
     def sizes(self) -> dict:
         return {"N": int(self.options["frames"]), "Hop": self.config["hop_length"]}
