@@ -611,12 +611,14 @@ def test_onnx_export_runs_no_rewrite_rule_of_several_output_nodes(tmp_path, monk
     import onnxruntime as ort
     from onnxscript import rewriter
 
+    from omni_export.exporters.patches import onnxscript_rules
+
     rules = rewriter._DEFAULT_REWRITE_RULES
-    multi = [r for r in rules if not ox._single_output(r)]
+    multi = [r for r in rules if not onnxscript_rules._single_output(r)]
     assert multi, "onnxscript has no multi-output rule any more: linear_rewrites() can go"
     with ox.linear_rewrites():
         inside = rewriter._DEFAULT_REWRITE_RULES
-        assert all(ox._single_output(r) for r in inside) and len(inside) == len(rules) - len(multi)
+        assert all(onnxscript_rules._single_output(r) for r in inside) and len(inside) == len(rules) - len(multi)
     assert rewriter._DEFAULT_REWRITE_RULES is rules                          # put back
 
     x = torch.randn(1, 2, 8)
@@ -628,7 +630,7 @@ def test_onnx_export_runs_no_rewrite_rule_of_several_output_nodes(tmp_path, monk
     def watched():
         with real():
             yield
-            seen.append(all(ox._single_output(r) for r in rewriter._DEFAULT_REWRITE_RULES))
+            seen.append(all(onnxscript_rules._single_output(r) for r in rewriter._DEFAULT_REWRITE_RULES))
 
     monkeypatch.setattr(ox, "linear_rewrites", watched)
     path = ox.export(program, tmp_path / "rot.onnx", ["x"], ["y"])

@@ -5,7 +5,7 @@ from torch import nn
 
 from omni_export.core import Precision
 from omni_export.exporters import executorch as et
-from omni_export.exporters.fxmeta import shared_provenance
+from omni_export.exporters.patches.fx_passes import shared_provenance
 
 
 class _Net(nn.Module):
@@ -74,7 +74,7 @@ def test_cia_ops_are_collected_once_per_registration_state_and_torch_gets_its_fu
     import torch._export.utils as export_utils
     import torch.export.exported_program as exported_program
 
-    from omni_export.exporters import fxmeta
+    from omni_export.exporters.patches import fx_passes as fxmeta
 
     import torch.export.decomp_utils as decomp_utils
 

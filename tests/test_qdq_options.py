@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from omni_export.core import Precision
 from omni_export.exporters import onnx as ox
+from omni_export.exporters.patches import ort_quantizer as oq
 
 
 def _mlp(path, rng):
@@ -246,17 +247,17 @@ def test_the_indexed_quantizer_makes_the_same_qdq_model(tmp_path, monkeypatch, p
     @contextlib.contextmanager
     def counted():
         with real():
-            assert isinstance(qdq_quantizer.find_by_name, ox._NameIndex)
+            assert isinstance(qdq_quantizer.find_by_name, oq._NameIndex)
             from onnxruntime.quantization.calibrate import MinMaxCalibrater
-            assert MinMaxCalibrater.augment_graph is ox._augment_graph_linear
+            assert MinMaxCalibrater.augment_graph is oq._augment_graph_linear
             plain = ONNXModel.replace_input_of_all_nodes
             ONNXModel.replace_input_of_all_nodes = lambda self, a, b: (calls.append(a), plain(self, a, b))
             yield
 
     monkeypatch.setattr(ox, "linear_quantizer", counted)
     augments = []
-    one_pass = ox._augment_graph_linear
-    monkeypatch.setattr(ox, "_augment_graph_linear", lambda self: (augments.append(1), one_pass(self))[1])
+    one_pass = oq._augment_graph_linear
+    monkeypatch.setattr(oq, "_augment_graph_linear", lambda self: (augments.append(1), one_pass(self))[1])
     models, built = {}, {}
     for indexed in (True, False):
         if not indexed:
@@ -285,7 +286,7 @@ def test_the_name_index_finds_what_a_scan_finds_as_the_container_changes():
     g = onnx.GraphProto()
     for n in ("a", "b", "a", "c"):
         g.initializer.add(name=n, data_type=TP.FLOAT)
-    idx = ox._NameIndex(find_by_name)
+    idx = oq._NameIndex(find_by_name)
     steps = [lambda: None, lambda: g.initializer.add(name="d"), lambda: g.initializer.remove(g.initializer[0]),
              lambda: g.initializer.add(name="e"), lambda: g.initializer.remove(g.initializer[-1]),
              lambda: g.initializer.add(name="f"), lambda: g.ClearField("initializer"),
@@ -316,7 +317,7 @@ def test_external_weights_quantize_the_same_in_a_child_mapping_its_calibration(t
         from onnxruntime.quantization import calibrate
 
         graph_only = calibrate.load_model_with_shape_infer(src)
-        assert calibrate.CalibraterBase.create_inference_session is ox._calibration_session   # no pre-packing
+        assert calibrate.CalibraterBase.create_inference_session is oq._calibration_session   # no pre-packing
     assert {i.name for i in graph_only.graph.initializer if not i.HasField("raw_data")} == {"w1", "w2"}
     models = []
     for where, data in (("memory", calib), ("child", mapped)):

@@ -30,6 +30,12 @@ import threading
 
 import torch
 
+PINNED = {"torch": "2.13.0"}
+TARGETS = ("torch.fx.traceback:NodeSource.__init__",
+           "torch._export.utils:_collect_all_valid_cia_ops",
+           "torch.export.exported_program:_collect_all_valid_cia_ops",
+           "torch.export.decomp_utils:_collect_all_valid_cia_ops")
+
 _lock = threading.Lock()
 _depth = 0
 _original = None
