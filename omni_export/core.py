@@ -313,6 +313,11 @@ class Recipe:
         raise UsageError(f"unknown component '{name}' for {self.name}; valid: "
                          f"{', '.join(c.name for c in self.components)}")
 
+    def graph(self, name: str, module, sizes: Mapping[str, int]) -> "Graph":
+        """Component `name`'s Graph: the fp32 `module`, with the component's I/O resolved at `sizes`."""
+        c = self.component(name)
+        return Graph(name, module, resolve_specs(c.inputs, sizes), resolve_specs(c.outputs, sizes), c.logits)
+
 
 # The recipe option that has the loader write seeded weights at real shapes instead of reading a checkpoint.
 RANDOM_WEIGHTS = "random-weights"

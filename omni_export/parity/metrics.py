@@ -109,6 +109,35 @@ def snr(ref: np.ndarray, out: np.ndarray) -> float:
 TIE_MARGIN = 0.05
 
 
+class Agreement:
+    """An end-to-end row's integer picks (tokens, codes) against fp32's: teacher-forced (the build given
+    fp32's history picks fp32's choice?), a flip where fp32's decision was within TIE_MARGIN excused and
+    counted, and the free-running run's fraction equal position by position."""
+
+    def __init__(self):
+        self.agreed = self.total = self.ties = self.flips = 0
+        self.equal = 0.0
+
+    def forced(self, reference: np.ndarray, picked: np.ndarray, margins: np.ndarray) -> None:
+        differ = picked != reference
+        near = differ & (margins < TIE_MARGIN)
+        self.ties += int(near.sum())
+        self.flips += int(differ.sum())
+        self.agreed += int(reference.size - differ.sum() + near.sum())
+        self.total += reference.size
+
+    def row(self, key: str, what: str, minimum: float, firsts: list, **reported) -> dict:
+        """The row's fields: `key`_agreement (gated at `minimum`), the flips, the free-running figures,
+        `reported` ones, verdict and reason."""
+        agree = self.agreed / self.total if self.total else 1.0
+        ok = agree >= minimum
+        reason = (f"teacher-forced {what} {100 * agree:.1f}% equal to fp32 ({self.ties} near-tie flips of "
+                  f"{self.flips} excused) {'>=' if ok else '<'} {100 * minimum:.0f}%")
+        return {f"{key}_agreement": round(agree, 6), "near_tie_flips": self.ties, "flips": self.flips,
+                "free_running_agreement": round(self.equal / self.total, 6) if self.total else 1.0,
+                "first_divergence": firsts, **reported, "verdict": "accepted" if ok else "rejected", "reason": reason}
+
+
 def tie_aware(refs: Sequence[np.ndarray], outs: Sequence[np.ndarray], margins: Sequence[np.ndarray]):
     """Agreement of rows of sequential decisions (last axis), excusing near ties: a row agrees up to
     its first flip; if fp32's margin at that flip was under TIE_MARGIN, the whole row is excused

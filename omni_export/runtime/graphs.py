@@ -248,6 +248,12 @@ def placed_build(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: b
     return (b, kind, precision) if b else None
 
 
+def accepted(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: bool = True) -> bool:
+    """Whether the (runner, precision) end-to-end row of manifest `m` has an accepted build to run graph
+    `comp` on, as BuildGraphs loads it (placed_build: precision repair's build stands in for a rejected one)."""
+    return placed_build(m, comp, runner, precision, fp32_on_cpu) is not None
+
+
 def _runner_options(m: dict, kind: str):
     def opts(precision: str) -> dict:
         if kind != "qnn-htp":

@@ -98,3 +98,49 @@ def open_bundle(kw: dict, recipe: str):
     if rt["recipe"]["name"] != recipe or not rt.get("host"):
         raise UsageError(f"--bundle {root} is a bundle of {rt['recipe']['name']}, not {recipe}")
     return root, rt, BuildGraphs.from_bundle(root, rt)
+
+
+def graph_options(bundle_holds: str) -> list:
+    """The click options every `omni-export synth RECIPE` starts with: where the model and its graphs come
+    from (--checkpoint, --build, --bundle: `bundle_holds` says what the recipe's bundle holds beside its
+    runtime.json and graphs) and which built graphs run (--runner, --precision)."""
+    import click
+
+    o = click.Option
+    return [
+        o(["--checkpoint", "-c"], type=click.Path(), default=None,
+          help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
+               "the build's checkpoint with --build, else the demo checkpoint"),
+        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
+        o(["--bundle"], type=click.Path(), default=None,
+          help=f"run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, "
+               f"{bundle_holds} and graphs, each graph on its format's runtime (context binary: the HTP simulator; "
+               f"ONNX: ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
+        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
+          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
+        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+    ]
+
+
+def options_and_checkpoint(recipe, build: Path | None, checkpoint: str | None):
+    """(options, checkpoint, manifest) a synth run of `recipe` loads its model with: the recipe's defaults,
+    and with --build the options that build was made with (its manifest, which must be this recipe's) and
+    its checkpoint unless --checkpoint names one; manifest is None without --build."""
+    from ..core import RANDOM_WEIGHTS
+
+    opts = {o.name: o.default for o in recipe.options}
+    if build is None:
+        from ..hf import resolve_checkpoint
+
+        return opts, resolve_checkpoint(checkpoint), None
+    from ..artifacts.manifest import read_manifest
+    from ..core import UsageError
+
+    if not (build / "manifest.json").exists():
+        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
+    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
+    if m.get("recipe", {}).get("name") != recipe.name:
+        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not {recipe.name}")
+    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
+    opts[RANDOM_WEIGHTS] = False
+    return opts, checkpoint or m["checkpoint"]["path"], m

@@ -15,13 +15,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ...core import UsageError
-from ...weights import (PICKLE_SUFFIXES, TensorDecl, load_tensors, read_header, refuse_pickles,
-                        require_regular_file)
+from ...modeling.checkpoint import DEMO_MARKER, demo_label, demo_seed  # noqa: F401 (the recipe's names)
+from ...modeling.checkpoint import check_directory, read_json as _read_json
+from ...weights import TensorDecl, load_tensors, read_header, refuse_pickles
 
 MODEL_TYPE = "minicpmo"
-DEMO_MARKER = "omni_export_demo"
 INDEX = "model.safetensors.index.json"
-MAX_CONFIG_BYTES = 16 * 2**20
 _MAX_DIM, _MAX_COUNT, _MAX_VOCAB = 65536, 256, 1 << 22
 
 
@@ -163,30 +162,11 @@ def tts_tensors(c: TTSConfig) -> dict[str, TensorDecl]:
 # ------------------------------------------------------------------------------------- reading
 
 def read_json(path: Path, what: str) -> dict:
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"missing {path} ({what}); a MiniCPM-o 4.5 checkpoint directory holds config.json "
-                         f"and safetensors weights")
-    require_regular_file(path, what)
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise UsageError(f"{path}: {path.stat().st_size} bytes is too large for {what}")
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"{path}: not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a JSON object ({what})")
-    return data
+    return _read_json(path, what, "a MiniCPM-o 4.5 checkpoint directory holds config.json and safetensors weights")
 
 
 def read_config(checkpoint: Path) -> TTSConfig:
-    if not checkpoint.exists():
-        raise UsageError(f"--checkpoint {checkpoint} does not exist; pass a MiniCPM-o 4.5 checkpoint directory "
-                         f"(e.g. a download of openbmb/MiniCPM-o-4_5)")
-    if not checkpoint.is_dir():
-        if checkpoint.suffix in PICKLE_SUFFIXES:
-            raise UsageError(f"{checkpoint} is a pickle checkpoint; omni-export never unpickles (a pickle can "
-                             f"run code). Pass a checkpoint directory with safetensors weights")
-        raise UsageError(f"--checkpoint {checkpoint} is a file; pass the checkpoint directory (holding config.json)")
+    check_directory(checkpoint, "config.json and the safetensors weights of a MiniCPM-o 4.5 download")
     path = checkpoint / "config.json"
     raw = read_json(path, "model config")
     found = raw.get("model_type")
@@ -295,22 +275,3 @@ def write_checkpoint(directory: Path, *, cfg: TTSConfig = TINY, seed: int = 0, l
 def write_real_shape(directory: Path, seed: int = 0) -> Path:
     """Random weights at MiniCPM-o 4.5's TTS-head shapes (measuring export cost, not for listening)."""
     return write_checkpoint(directory, cfg=REAL, seed=seed, label="random weights at MiniCPM-o 4.5 TTS shapes")
-
-
-def _demo_info(checkpoint: Path) -> dict:
-    try:
-        raw = read_json(checkpoint / "config.json", "model config")
-    except UsageError:
-        return {}
-    info = raw.get(DEMO_MARKER)
-    return info if isinstance(info, dict) else {}
-
-
-def demo_label(checkpoint: Path) -> str | None:
-    label = _demo_info(checkpoint).get("label")
-    return label if isinstance(label, str) else None
-
-
-def demo_seed(checkpoint: Path) -> int | None:
-    seed = _demo_info(checkpoint).get("seed")
-    return seed if type(seed) is int else None

@@ -32,7 +32,7 @@ E2E_GRAPHS = ("tts_condition", "tts_prefill", "tts_decode")
 
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
-    from ...runtime.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs, accepted
 
     n = int(model.options["e2e-codes"])
     if n == 0:
@@ -52,9 +52,9 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
             row = {"runner": runner, "precision": prec, "utterances": len(utts),
                    "codes": int(sum(len(r) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
                    "tie_margin": TIE_MARGIN}
-            missing = [g for g in E2E_GRAPHS if not _accepted(manifest, g, runner, prec)]
-            flow = bool(mel_ref) and all(_accepted(manifest, g, runner, prec) for g in T2W_GRAPHS)
-            vocoder = bool(wav_ref) and all(_accepted(manifest, g, runner, prec) for g in HIFT_GRAPHS)
+            missing = [g for g in E2E_GRAPHS if not accepted(manifest, g, runner, prec)]
+            flow = bool(mel_ref) and all(accepted(manifest, g, runner, prec) for g in T2W_GRAPHS)
+            vocoder = bool(wav_ref) and all(accepted(manifest, g, runner, prec) for g in HIFT_GRAPHS)
             if missing and not flow and not vocoder:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
@@ -62,7 +62,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
                 built = BuildGraphs(out_dir, runner, prec, manifest=manifest)
                 # the same row with every graph at its precision on the runner (hift_f0 included)
                 same = BuildGraphs(out_dir, runner, prec, manifest=manifest, fp32_on_cpu=False) \
-                    if built.placed and _accepted(manifest, "hift_f0", runner, prec, fp32_on_cpu=False) else None
+                    if built.placed and accepted(manifest, "hift_f0", runner, prec, fp32_on_cpu=False) else None
                 try:
                     if not missing:
                         free = [model.synthesize(built, u, opts).codes for u in utts]
@@ -124,12 +124,6 @@ def _token2wav_scores(row: dict, model, mel: tuple, wav: tuple) -> dict:
     return row
 
 
-def _accepted(manifest: dict, graph: str, runner: str, prec: str, fp32_on_cpu: bool = True) -> bool:
-    from ...runtime.graphs import placed_build
-
-    return placed_build(manifest, graph, runner, prec, fp32_on_cpu) is not None
-
-
 T2W_GRAPHS = ("flow_encoder_chunk", "dit_step")
 HIFT_GRAPHS = ("hift_f0", "hift")
 
@@ -159,25 +153,15 @@ def mel_snr(refs, outs) -> float:
 
 
 def score(reference, margins, free, forced) -> dict:
-    agreed = total = ties = flips = 0
+    from ...parity.metrics import Agreement
+
+    agreement, firsts = Agreement(), []
     for ref, mar, pred in zip(reference, margins, forced):
-        differ = pred != ref
-        near = differ & (mar < TIE_MARGIN)
-        ties += int(near.sum())
-        flips += int(differ.sum())
-        agreed += int(ref.size - differ.sum() + near.sum())
-        total += ref.size
-    forced_agree = agreed / total if total else 1.0
-    equal, firsts = 0, []
+        agreement.forced(ref, pred, mar)
     for ref, out in zip(reference, free):
         m = min(len(ref), len(out))
         eq = ref[:m] == out[:m]
-        equal += int(eq.sum())
+        agreement.equal += int(eq.sum())
         diff = np.nonzero(~eq)[0]
         firsts.append(int(diff[0]) if len(diff) else (m if len(out) != len(ref) else None))
-    ok = forced_agree >= CODE_AGREEMENT_MIN
-    reason = (f"teacher-forced codes {100 * forced_agree:.1f}% equal to fp32 ({ties} near-tie flips of {flips} "
-              f"excused) {'>=' if ok else '<'} {100 * CODE_AGREEMENT_MIN:.0f}%")
-    return {"code_agreement": round(forced_agree, 6), "near_tie_flips": ties, "flips": flips,
-            "free_running_agreement": round(equal / total, 6) if total else 1.0, "first_divergence": firsts,
-            "verdict": "accepted" if ok else "rejected", "reason": reason}
+    return agreement.row("code", "codes", CODE_AGREEMENT_MIN, firsts)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...artifacts.manifest import weight_files
-from ...core import Graph, Samples, UsageError, resolve_specs
+from ...core import Graph, Samples, UsageError
 from . import checkpoint as ck
 from . import host
 from .recipe import RECIPE
@@ -94,10 +94,7 @@ class MiniCPMO:
 
     # ---- the pipeline's interface
     def graph(self, component: str) -> Graph:
-        comp = RECIPE.component(component)
-        sizes = self.sizes()
-        return Graph(component, self._module(component).eval(), resolve_specs(comp.inputs, sizes),
-                     resolve_specs(comp.outputs, sizes), comp.logits)
+        return RECIPE.graph(component, self._module(component).eval(), self.sizes())
 
     def _module(self, component: str):
         from . import modules as m

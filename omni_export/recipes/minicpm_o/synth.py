@@ -8,6 +8,9 @@ from pathlib import Path
 
 import click
 
+from ...runtime.synth import graph_options, options_and_checkpoint
+from .recipe import RECIPE
+
 HELP = """Generate MiniCPM-o 4.5 speech from an LLM's hidden states: codes (one codebook, 25 Hz), mel and a
 24 kHz WAV, through the fp32 graphs or the exported graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone
 (--bundle DIR).
@@ -31,17 +34,7 @@ iSTFT) and writes 16-bit PCM at 24 kHz.
 def options() -> list:
     o = click.Option
     return [
-        o(["--checkpoint", "-c"], type=click.Path(), default=None,
-          help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
-               "the build's checkpoint with --build, else the demo checkpoint"),
-        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
-        o(["--bundle"], type=click.Path(), default=None,
-          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, config, "
-               "host tables and graphs, each graph on its format's runtime (context binary: the HTP simulator; "
-               "ONNX: ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
-        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
-          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
-        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        *graph_options("config, host tables"),
         o(["--hidden-states"], type=click.Path(), default=None, help="LLM last hidden states [tokens, llm_dim] (.npy)"),
         o(["--text-ids"], default=None, help="spoken token ids: a [tokens] .npy or comma-separated integers"),
         o(["--demo-seed"], type=int, default=0, show_default=True,
@@ -185,25 +178,11 @@ def _utterance(model, kw, name: str):
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
-    from ...recipes import get_recipe
+    opts, ckpt, m = options_and_checkpoint(RECIPE, build, checkpoint)
+    if m is not None:
+        opts["calibration-hidden"] = None
+        opts["token2wav"] = m["checkpoint"].get("config", {}).get("token2wav") and str(
+            Path(m["checkpoint"]["config"]["token2wav"]).parent)
+    return opts, ckpt
 
-    opts = {o.name: o.default for o in get_recipe("minicpm-o").options}
-    if build is None:
-        from ...hf import resolve_checkpoint
 
-        return opts, resolve_checkpoint(checkpoint)
-    from ...artifacts.manifest import read_manifest
-    from ...core import UsageError
-
-    path = build / "manifest.json"
-    if not path.exists():
-        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
-    if m.get("recipe", {}).get("name") != "minicpm-o":
-        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not minicpm-o")
-    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
-    opts["random-weights"] = False
-    opts["calibration-hidden"] = None
-    opts["token2wav"] = m["checkpoint"].get("config", {}).get("token2wav") and str(
-        Path(m["checkpoint"]["config"]["token2wav"]).parent)
-    return opts, checkpoint or m["checkpoint"]["path"]

@@ -12,30 +12,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ...core import UsageError
-from ...weights import PICKLE_SUFFIXES, TensorDecl, load_tensors, refuse_pickles, require_regular_file
+from ...modeling.checkpoint import DEMO_MARKER, demo_label, demo_seed  # noqa: F401 (the recipe's names)
+from ...modeling.checkpoint import check_directory, read_json as _read_json
+from ...weights import TensorDecl, load_tensors, refuse_pickles
 
 MODEL_TYPE = "qwen3_tts"
 TOKENIZER_MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
-DEMO_MARKER = "omni_export_demo"
-
-
-MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def read_json(path: Path, what: str) -> dict:
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"missing {path} ({what}); a Qwen3-TTS checkpoint has config.json and "
-                         f"speech_tokenizer/config.json")
-    require_regular_file(path, what)
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise UsageError(f"{path}: {path.stat().st_size} bytes is too large for a config ({what})")
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"{path}: not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a JSON object")
-    return data
+    return _read_json(path, what, "a Qwen3-TTS checkpoint has config.json and speech_tokenizer/config.json")
 
 
 def _require_type(cfg: dict, path: Path, expected: str) -> None:
@@ -294,15 +280,7 @@ def load_speech_tokenizer(checkpoint: Path) -> SpeechTokenizer:
 
 
 def check_root_config(checkpoint: Path) -> dict:
-    if not checkpoint.exists():
-        raise UsageError(f"checkpoint directory {checkpoint} does not exist; pass the directory holding "
-                         f"config.json and speech_tokenizer/ (or omit --checkpoint for the demo)")
-    if not checkpoint.is_dir():
-        if checkpoint.suffix in PICKLE_SUFFIXES:
-            raise UsageError(f"{checkpoint} is a pickle checkpoint; omni-export never unpickles (a pickle can "
-                             f"run code). Pass a checkpoint directory with safetensors weights")
-        raise UsageError(f"--checkpoint {checkpoint} is a file; pass the checkpoint directory (holding "
-                         f"config.json and speech_tokenizer/)")
+    check_directory(checkpoint, "config.json and speech_tokenizer/")
     path = checkpoint / "config.json"
     raw = read_json(path, "model config")
     _require_type(raw, path, MODEL_TYPE)
@@ -406,23 +384,3 @@ def load_model_tensors(checkpoint: Path, cfg, parts: tuple[str, ...]) -> dict:
         table.update(speaker_encoder_tensors(cfg.speaker_encoder))
     refuse_pickles(checkpoint)
     return load_tensors(checkpoint / "model.safetensors", table, lazy=True)
-
-
-def _demo_info(checkpoint: Path) -> dict:
-    try:
-        raw = read_json(checkpoint / "config.json", "model config")
-    except UsageError:
-        return {}
-    info = raw.get(DEMO_MARKER)
-    return info if isinstance(info, dict) else {}
-
-
-def demo_label(checkpoint: Path) -> str | None:
-    """The demo label if this checkpoint was written by `write_checkpoint`, else None."""
-    label = _demo_info(checkpoint).get("label")
-    return label if isinstance(label, str) else None
-
-
-def demo_seed(checkpoint: Path) -> int | None:
-    seed = _demo_info(checkpoint).get("seed")
-    return seed if type(seed) is int else None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ...core import UsageError
+from ...modeling.geometry import TransformerGeometry
 
 
 def _ints(obj, where: str, names: tuple[str, ...]) -> None:
@@ -35,14 +36,8 @@ def _build(cls, d: dict, where: str, required: tuple[str, ...]):
 
 
 @dataclass(frozen=True)
-class DecoderGeometry:
+class DecoderGeometry(TransformerGeometry):
     """The Qwen3-style transformer shared by the talker and the code predictor."""
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     hidden_act: str = "silu"

@@ -52,7 +52,7 @@ def _why_skipped(manifest: dict, missing: list[str], precision: str) -> str:
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     """runners: {runner kind (ort | htp | pte): precisions}; returns one row per (precision, runner)."""
-    from ...runtime.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs, accepted
 
     if int(model.options["e2e-frames"]) == 0:
         progress.note("end-to-end parity skipped (--e2e-frames 0)")
@@ -60,7 +60,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     graphs = [g for g in model.components() if g in E2E_GRAPHS or variant_base(g) in E2E_GRAPHS]   # + chunk shapes
     if model.cfg.tts_model_type == "base":
         graphs.append("speaker_encoder")
-    plan = [(runner, prec, [g for g in graphs if not _accepted(manifest, g, runner, prec)])
+    plan = [(runner, prec, [g for g in graphs if not accepted(manifest, g, runner, prec)])
             for runner, precisions in runners.items() for prec in precisions]
     if all(missing for *_, missing in plan):
         # A partial build (--components) or every precision rejected: no row can run, so the fp32
@@ -108,15 +108,6 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     return rows
 
 
-def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    from ...runtime.graphs import RUNNER_FORMATS
-
-    fmt = RUNNER_FORMATS[runner][0]
-    repaired = prec + "-mixed"          # precision repair's build stands in for a rejected one (placed_build)
-    return any(b["component"] == graph and b["format"] == fmt and b["precision"] in (prec, repaired) and
-               b["status"] == "accepted" for b in manifest["builds"])
-
-
 def _free_running(model, graphs) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for req in model.requests("heldout"):
@@ -136,31 +127,18 @@ def _teacher_forced(model, graphs, req, codes):
 
 
 def _score(reference, margins, free, forced) -> dict:
-    from ...parity.metrics import Accumulator
+    from ...parity.metrics import Accumulator, Agreement
 
-    agreed = total = ties = flips = 0
+    counts, firsts = Agreement(), []
     for (rc, _), mar, pred in zip(reference, margins, forced):
-        differ = pred != rc
-        near = differ & (mar < TIE_MARGIN)
-        ties += int(near.sum())
-        flips += int(differ.sum())
-        agreed += int(rc.size - differ.sum() + near.sum())
-        total += rc.size
-    forced_agree = agreed / total if total else 1.0
-    equal = 0
-    firsts = []
+        counts.forced(rc, pred, mar)
     wav = Accumulator("wav")
     for (rc, rw), (oc, ow) in zip(reference, free):
         frac, first = agreement(rc, oc)
-        equal += frac * rc.size
+        counts.equal += frac * rc.size
         firsts.append(first)
         n = min(len(rw), len(ow))
         wav.add(rw[:n], ow[:n])          # over the common length when frame counts differ
     s = wav.score()
-    ok = forced_agree >= CODE_AGREEMENT_MIN
-    reason = (f"teacher-forced codes {100 * forced_agree:.1f}% equal to fp32 ({ties} near-tie flips of "
-              f"{flips} excused) {'>=' if ok else '<'} {100 * CODE_AGREEMENT_MIN:.0f}%")
-    return {"code_agreement": round(forced_agree, 6), "near_tie_flips": ties, "flips": flips,
-            "free_running_agreement": round(equal / total, 6) if total else 1.0, "first_divergence": firsts,
-            "wav_snr_db": round(s.snr_db, 3) if s.finite else None,
-            "verdict": "accepted" if ok else "rejected", "reason": reason}
+    return counts.row("code", "codes", CODE_AGREEMENT_MIN, firsts,
+                      wav_snr_db=round(s.snr_db, 3) if s.finite else None)

@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from ...modeling.audio import read_wav, write_wav
-from ...runtime.synth import check_ids, check_output_file, checkpoint_name, context_hint, npy_path, save_output
+from ...runtime.synth import (check_ids, check_output_file, checkpoint_name, context_hint, graph_options, npy_path,
+                              options_and_checkpoint, save_output)
+from .recipe import RECIPE
 
 HELP = """Synthesise speech with a Qwen3-TTS checkpoint, through the fp32 reference modules or through
 the exported graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone (--bundle DIR).
@@ -65,17 +67,7 @@ def _ids(text: str | None, option: str = "--text-ids") -> list[int] | None:
 def options() -> list:
     o = click.Option
     return [
-        o(["--checkpoint", "-c"], type=click.Path(), default=None,
-          help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
-               "the build's checkpoint with --build, else the demo checkpoint"),
-        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
-        o(["--bundle"], type=click.Path(), default=None,
-          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, tokenizer, "
-               "tables and graphs, each graph on its format's runtime (context binary: the HTP simulator; ONNX: "
-               "ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
-        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
-          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
-        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        *graph_options("tokenizer, tables"),
         o(["--text", "-t"], default=None, help="text to speak (tokenised with the checkpoint's tokenizer)"),
         o(["--text-ids"], default=None,
           help="ids of the templated assistant text, exactly what upstream's generate receives (no tokenizer needed)"),
@@ -228,30 +220,13 @@ def _check_window(graphs, build) -> None:
 
 
 def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
-    from ...recipes import get_recipe
-
-    opts = {o.name: o.default for o in get_recipe("qwen3-tts").options}
-    if build is None:
-        from ...hf import resolve_checkpoint
-
-        return opts, resolve_checkpoint(checkpoint)
-    from ...artifacts.manifest import read_manifest
-    from ...core import UsageError
-
-    path = build / "manifest.json"
-    if not path.exists():
-        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
-    if m.get("recipe", {}).get("name") != "qwen3-tts":
-        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not qwen3-tts")
-    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
-    opts["random-weights"] = False
-    comps = m.get("components") or {}
+    opts, ckpt, m = options_and_checkpoint(RECIPE, build, checkpoint)
+    comps = (m or {}).get("components") or {}
     if any(c.endswith("_part1") for c in comps):     # the talker as the build split it (--talker-parts)
         opts["talker-parts"] = 2
     elif "talker_decode" in comps or "talker_prefill" in comps:
         opts["talker-parts"] = 1
-    return opts, checkpoint or m["checkpoint"]["path"]
+    return opts, ckpt
 
 
 def _request(model, kw, build, name: str):
@@ -323,13 +298,13 @@ def _request(model, kw, build, name: str):
 
             voice = read_wav(Path(kw["ref_audio"]), model.speech.sample_rate)
             check_reference(len(voice), model.speaker_frames, shortest(cfg.speaker_encoder), model.speech.sample_rate,
-                            f"--ref-audio {kw['ref_audio']}", context_hint(_page(), build, "speaker-frames"))
+                            f"--ref-audio {kw['ref_audio']}", context_hint(RECIPE, build, "speaker-frames"))
             if refs is not None:        # its codes come from the encoder graph; their count is known now
                 from .speech_encoder import check_reference as check_encoder_window
 
                 n = check_encoder_window(len(voice), model.encoder_frames, model.speech.config.samples_per_frame,
                                          model.speech.sample_rate, f"--ref-audio {kw['ref_audio']}",
-                                         context_hint(_page(), build, "encoder-frames"))
+                                         context_hint(RECIPE, build, "encoder-frames"))
                 req.ref_ids, req.ref_codes = refs, np.zeros((n, cfg.predictor.num_code_groups), np.int64)
     elif kw.get("ref_audio"):
         raise UsageError(f"--ref-audio needs a Base checkpoint; this one is {cfg.tts_model_type}")
@@ -362,7 +337,7 @@ def _check_context(model, req, text_option: str, ins_option: str | None, build) 
     if ins_option:
         given += f" and {ins_option}: {len(req.instruct_ids)} tokens"
     raise UsageError(f"{given} need {need} talker positions with the prompt; the context holds {context} "
-                     f"(--context-length); shorten the text, or {context_hint(_page(), build)}")
+                     f"(--context-length); shorten the text, or {context_hint(RECIPE, build)}")
 
 
 def _gen_kwargs(model, kw) -> tuple[dict, list[str]]:
@@ -421,8 +396,3 @@ def _read_codes(path: Path, model):
     c = model.speech.config
     return load_code_sequences(path, c.num_quantizers, c.codebook_size, "--codes")[0].astype(np.int64)
 
-
-def _page():
-    from .recipe import RECIPE
-
-    return RECIPE

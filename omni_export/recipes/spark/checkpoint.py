@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 
 from ...core import UsageError
-from ...weights import PICKLE_SUFFIXES, TensorDecl, load_tensors, refuse_pickles
+from ...modeling.checkpoint import DEMO_MARKER, demo_info
+from ...modeling.checkpoint import check_directory as _check_directory
+from ...weights import TensorDecl, load_tensors, refuse_pickles
 from .config import FULL, SLIDING, SparkConfig, read_config
-
-DEMO_MARKER = "omni_export_demo"
 
 
 def tensor_table(c: SparkConfig) -> dict[str, TensorDecl]:
@@ -55,15 +55,7 @@ def tensor_table(c: SparkConfig) -> dict[str, TensorDecl]:
 
 
 def check_directory(checkpoint: Path) -> None:
-    if not checkpoint.exists():
-        raise UsageError(f"checkpoint directory {checkpoint} does not exist; pass the directory holding "
-                         f"config.json and model.safetensors (or omit --checkpoint for the demo)")
-    if not checkpoint.is_dir():
-        if checkpoint.suffix in PICKLE_SUFFIXES:
-            raise UsageError(f"{checkpoint} is a pickle checkpoint; omni-export never unpickles (a pickle can "
-                             f"run code). Pass a checkpoint directory with safetensors weights")
-        raise UsageError(f"--checkpoint {checkpoint} is a file; pass the checkpoint directory (holding "
-                         f"config.json and model.safetensors)")
+    _check_directory(checkpoint, "config.json and model.safetensors")
     refuse_pickles(checkpoint)
 
 
@@ -207,12 +199,3 @@ def write_tokenizer(directory: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1048576, "bos_token": None,
         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False},
         indent=1))
-
-
-def demo_info(checkpoint: Path) -> dict:
-    try:
-        raw = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    info = raw.get(DEMO_MARKER) if isinstance(raw, dict) else None
-    return info if isinstance(info, dict) else {}

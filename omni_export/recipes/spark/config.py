@@ -19,24 +19,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...core import UsageError
-from ...weights import require_regular_file
+from ...modeling.checkpoint import read_json
+from ...modeling.geometry import TransformerGeometry
 
 MODEL_TYPE = "spark2_5"
 ARCHITECTURE = "Spark2_5ForCausalLM"
 SLIDING, FULL = "sliding_attention", "full_attention"
-MAX_CONFIG_BYTES = 1 << 20
 _MAX_DIM = 1 << 18
 
 
 @dataclass(frozen=True)
-class SparkConfig:
+class SparkConfig(TransformerGeometry):
     vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
     layer_types: tuple[str, ...]
     sliding_window: int
     rope_parameters: dict = field(default_factory=dict)
@@ -69,24 +63,15 @@ class SparkConfig:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d = {"vocab_size": d.pop("vocab_size"), **d}          # the order config.json has always had
         d["layer_types"] = list(self.layer_types)
         return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, **d}
 
 
 def read_config(checkpoint: Path) -> SparkConfig:
     path = checkpoint / "config.json"
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"missing {path}; a Spark-X2.5 checkpoint directory holds config.json, "
-                         f"model.safetensors and the tokenizer files")
-    require_regular_file(path, "model config")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise UsageError(f"{path}: {path.stat().st_size} bytes is too large for a config")
-    try:
-        raw = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"{path}: not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{path}: expected a JSON object")
+    raw = read_json(path, "model config", "a Spark-X2.5 checkpoint directory holds config.json, model.safetensors "
+                                          "and the tokenizer files")
     return parse(raw, path)
 
 

@@ -17,7 +17,7 @@ TOKEN_AGREEMENT_MIN = 0.95
 
 
 def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
-    from ...runtime.graphs import BuildGraphs, EagerGraphs
+    from ...runtime.graphs import BuildGraphs, EagerGraphs, accepted
 
     n = int(model.options["e2e-tokens"])
     if n == 0:
@@ -32,7 +32,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
         for prec in precisions:
             row = {"runner": runner, "precision": prec, "prompts": len(prompts), "tokens": n,
                    "threshold": TOKEN_AGREEMENT_MIN, "tie_margin": TIE_MARGIN}
-            missing = [g for g in ("prefill", "decode") if not _accepted(manifest, g, runner, prec)]
+            missing = [g for g in ("prefill", "decode") if not accepted(manifest, g, runner, prec)]
             if missing:
                 rows.append({**row, "verdict": "skipped", "reason": f"no accepted {', '.join(missing)} build"})
                 continue
@@ -51,35 +51,14 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
     return rows
 
 
-def _accepted(manifest: dict, graph: str, runner: str, prec: str) -> bool:
-    """An accepted build runs `graph` in this row: the runner's format at `prec`, or precision repair's
-    `<prec>-mixed` standing in for a rejected one (runtime.graphs.placed_build, as BuildGraphs loads it)."""
-    from ...runtime.graphs import placed_build
-
-    return placed_build(manifest, graph, runner, prec) is not None
-
-
 def score(reference, free, forced) -> dict:
-    agreed = total = ties = flips = equal = 0
-    firsts = []
+    from ...parity.metrics import Agreement
+
+    agreement, firsts = Agreement(), []
     for ref, fr, fo in zip(reference, free, forced):
-        ref_logits = np.stack(ref.logits)
-        top2 = np.sort(ref_logits, axis=-1)[:, -2:]
-        margin = top2[:, 1] - top2[:, 0]
-        picked = np.array([int(np.argmax(x)) for x in fo])
-        differ = picked != np.array(ref.tokens)
-        near = differ & (margin < TIE_MARGIN)
-        flips += int(differ.sum())
-        ties += int(near.sum())
-        agreed += int((~differ).sum() + near.sum())
-        total += len(ref.tokens)
+        top2 = np.sort(np.stack(ref.logits), axis=-1)[:, -2:]
+        agreement.forced(np.array(ref.tokens), np.array([int(np.argmax(x)) for x in fo]), top2[:, 1] - top2[:, 0])
         same = [a == b for a, b in zip(ref.tokens, fr.tokens)]
-        equal += sum(same)
+        agreement.equal += sum(same)
         firsts.append(next((i for i, s in enumerate(same) if not s), None))
-    agree = agreed / total if total else 1.0
-    ok = agree >= TOKEN_AGREEMENT_MIN
-    reason = (f"teacher-forced greedy tokens {100 * agree:.1f}% equal to fp32 ({ties} near-tie flips of {flips} "
-              f"excused) {'>=' if ok else '<'} {100 * TOKEN_AGREEMENT_MIN:.0f}%")
-    return {"token_agreement": round(agree, 6), "near_tie_flips": ties, "flips": flips,
-            "free_running_agreement": round(equal / total, 6) if total else 1.0, "first_divergence": firsts,
-            "verdict": "accepted" if ok else "rejected", "reason": reason}
+    return agreement.row("token", "greedy tokens", TOKEN_AGREEMENT_MIN, firsts)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...artifacts.manifest import weight_files
-from ...core import Graph, Samples, UsageError, resolve_specs
+from ...core import Graph, Samples, UsageError
 from . import checkpoint as ck
 from . import host, prompts
 from .config import FULL, SLIDING, SparkConfig
@@ -77,10 +77,7 @@ class Spark:
         return SparkStep(self.cfg, self.tensors).eval()
 
     def graph(self, component: str) -> Graph:
-        comp = RECIPE.component(component)
-        sizes = self.sizes()
-        return Graph(component, self._module, resolve_specs(comp.inputs, sizes),
-                     resolve_specs(comp.outputs, sizes), comp.logits)
+        return RECIPE.graph(component, self._module, self.sizes())
 
     @cached_property
     def tokenizer(self):

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import click
 
+from ...runtime.synth import graph_options, options_and_checkpoint
+from .recipe import RECIPE
+
 HELP = """Generate text with a Spark-X2.5 checkpoint (greedy), through the fp32 reference graphs or the
 exported prefill + decode graphs of a build (--build OUT --runner ort|htp|pte), or from a bundle alone
 (--bundle DIR).
@@ -26,17 +29,7 @@ eos_token_id or after --max-tokens. The build's (or bundle's) own --prefill-toke
 def options() -> list:
     o = click.Option
     return [
-        o(["--checkpoint", "-c"], type=click.Path(), default=None,
-          help="checkpoint directory or Hugging Face repository ORG/NAME[@REVISION]; default: "
-               "the build's checkpoint with --build, else the tiny demo checkpoint"),
-        o(["--build", "-b"], type=click.Path(), default=None, help="use the graphs of this build directory"),
-        o(["--bundle"], type=click.Path(), default=None,
-          help="run a bundle (`omni-export bundle`) alone, no checkpoint and no build: its runtime.json, tokenizer, "
-               "embedding table and graphs, each graph on its format's runtime (context binary: the HTP simulator; "
-               "ONNX: ONNX Runtime CPU; .pte: ExecuTorch); --runner and --precision do not apply"),
-        o(["--runner", "-r"], type=click.Choice(["ort", "htp", "pte"]), default="ort", show_default=True,
-          help="with --build: ONNX Runtime CPU, the HTP simulator (context binaries) or ExecuTorch"),
-        o(["--precision", "-p"], default=None, help="with --build: which precision's graphs (default: the first accepted)"),
+        *graph_options("tokenizer, embedding table"),
         o(["--prompt", "-t"], default=None, help="prompt text (tokenised with the checkpoint's tokenizer)"),
         o(["--prompt-ids"], default=None, help="comma-separated prompt token ids instead of --prompt"),
         o(["--max-tokens", "-n"], type=int, default=32, show_default=True, help="tokens to generate at most"),
@@ -59,7 +52,7 @@ def run(**kw) -> dict:
 
         return synth(kw)
     build = Path(kw["build"]) if kw.get("build") else None
-    opts, ckpt = _options_and_checkpoint(build, kw.get("checkpoint"))
+    opts, ckpt, _ = options_and_checkpoint(RECIPE, build, kw.get("checkpoint"))
     with tempfile.TemporaryDirectory(prefix="omni-export-synth-") as scratch:
         return _run(M.load(Path(ckpt) if ckpt else None, opts, Path(scratch)), build, kw, checkpoint_name(ckpt))
 
@@ -92,7 +85,6 @@ def _prompt(model, kw, build, name: str) -> list[int]:
     from ...core import UsageError
     from ...text_tokenizer import MissingTokenizer
     from ...runtime.synth import check_ids, context_hint
-    from .recipe import RECIPE
 
     if kw.get("prompt_ids"):
         option = "--prompt-ids"
@@ -115,24 +107,3 @@ def _prompt(model, kw, build, name: str) -> list[int]:
                          f"the context holds {context} (--context-length); shorten the prompt, lower --max-tokens, "
                          f"or {context_hint(RECIPE, build)}")
     return ids
-
-
-def _options_and_checkpoint(build: Path | None, checkpoint: str | None):
-    from ...artifacts.manifest import read_manifest
-    from ...core import UsageError
-    from ...recipes import get_recipe
-
-    opts = {o.name: o.default for o in get_recipe("spark").options}
-    if build is None:
-        from ...hf import resolve_checkpoint
-
-        return opts, resolve_checkpoint(checkpoint)
-    path = build / "manifest.json"
-    if not path.exists():
-        raise UsageError(f"--build {build}: no manifest.json (not an omni-export build directory)")
-    m = read_manifest(build)             # damaged, or listing a file outside the build: one line
-    if m.get("recipe", {}).get("name") != "spark":
-        raise UsageError(f"--build {build} is a build of {m.get('recipe', {}).get('name')}, not spark")
-    opts.update({k: v for k, v in m["options"]["recipe_options"].items() if v is not None})
-    opts["random-weights"] = False
-    return opts, checkpoint or m["checkpoint"]["path"]

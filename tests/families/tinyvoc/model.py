@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ...artifacts.manifest import weight_files
-from ...core import Graph, Precision, Samples, UsageError, resolve_specs
+from ...core import Graph, Precision, Samples, UsageError
 from ...weights import TensorDecl, load_tensors, seeded_tensors, write_safetensors
 from .recipe import RECIPE
 
@@ -71,9 +71,7 @@ class TinyVoc:
         return ("vocoder",)
 
     def graph(self, name: str) -> Graph:
-        c = RECIPE.component(name)
-        module = Vocoder(self.tensors, self.config["hop_length"]).eval()
-        return Graph(name, module, resolve_specs(c.inputs, self.sizes()), resolve_specs(c.outputs, self.sizes()))
+        return RECIPE.graph(name, Vocoder(self.tensors, self.config["hop_length"]).eval(), self.sizes())
 
     def codes(self, kind: str, count: int, frames: int) -> list[np.ndarray]:
         rng = np.random.default_rng(self.seeds[kind])
