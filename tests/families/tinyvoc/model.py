@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ...artifacts.manifest import weight_files
-from ...core import Graph, Precision, Samples, UsageError
+from ...core import Graph, Precision, Samples
+from ...modeling.checkpoint import DEMO_MARKER, check_directory, demo_label, read_json
 from ...weights import TensorDecl, load_tensors, seeded_tensors, write_safetensors
 from .recipe import RECIPE
 
@@ -32,7 +33,8 @@ def tensor_table(c: dict) -> dict:
 def write_checkpoint(directory: Path, seed: int = 0) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**CONFIG, "demo_seed": seed}))
+    marker = {DEMO_MARKER: {"seed": seed, "label": "demo, random weights"}}
+    (directory / "config.json").write_text(json.dumps({**CONFIG, **marker}))
     write_safetensors(directory / "model.safetensors", seeded_tensors(tensor_table(CONFIG), seed))
     return directory
 
@@ -92,15 +94,13 @@ class TinyVoc:
 def load(checkpoint: Path | None, options: dict, scratch: Path) -> TinyVoc:
     options = {**{o.name: o.default for o in RECIPE.options}, **{k: v for k, v in options.items() if v is not None}}
     checkpoint = Path(checkpoint) if checkpoint else write_checkpoint(Path(scratch) / "demo-checkpoint")
-    try:
-        config = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{checkpoint / 'config.json'}: cannot read the config ({e})") from None
+    check_directory(checkpoint, "config.json and model.safetensors")
+    config = read_json(checkpoint / "config.json", "model config")
     tensors = load_tensors(checkpoint / "model.safetensors", tensor_table(config))
     model = TinyVoc(config, dict(tensors), options)
-    model.info = {"path": str(checkpoint.resolve()), "label": "demo, random weights" if "demo_seed" in config
-                  else "user checkpoint", "demo": "demo_seed" in config, "weights": weight_files(checkpoint),
-                  "config": {k: config[k] for k in CONFIG}}
+    label = demo_label(checkpoint)
+    model.info = {"path": str(checkpoint.resolve()), "label": label or "user checkpoint", "demo": label is not None,
+                  "weights": weight_files(checkpoint), "config": {k: config[k] for k in CONFIG}}
     return model
 
 
