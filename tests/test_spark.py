@@ -310,8 +310,9 @@ def test_precision_repair_holds_a_step_to_the_top1_gate_too(tiny, tmp_path):
 
 def test_an_end_to_end_row_runs_on_precision_repairs_build_when_the_plain_one_was_rejected():
     """Spark's rows take `<precision>-mixed` where the plain build was rejected, as Qwen3-TTS's do (the
-    demo's w8a8 row was 'skipped: no accepted prefill, decode build' beside accepted w8a8-mixed ones)."""
-    from omni_export.recipes.spark.e2e import _accepted
+    demo's w8a8 row was 'skipped: no accepted prefill, decode build' beside accepted w8a8-mixed ones). Every
+    recipe's rows ask runtime.graphs.accepted."""
+    from omni_export.runtime.graphs import accepted as _accepted
 
     def b(comp, prec, status):
         return {"component": comp, "format": "ctx", "precision": prec, "status": status,
