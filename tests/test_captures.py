@@ -107,7 +107,8 @@ def test_end_to_end_with_no_runnable_row_skips_the_fp32_reference(cache, tmp_pat
     generated = []
     real = type(model).synthesize
     monkeypatch.setattr(type(model), "synthesize", lambda self, *a, **k: (generated.append(1), real(self, *a, **k))[1])
-    manifest = {"builds": [{"component": "code2wav", "format": "onnx", "precision": "fp16", "status": "accepted"}]}
+    manifest = {"components": {}, "builds": [{"component": "code2wav", "format": "onnx", "precision": "fp16",
+                                              "status": "accepted", "files": [{"path": "code2wav.onnx"}]}]}
     rows = e2e.run(model, tmp_path / "out", manifest, {"ort": ["fp16", "w8a16"]}, Progress())
     assert [(r["runner"], r["precision"], r["verdict"]) for r in rows] == [("ort", "fp16", "skipped"),
                                                                           ("ort", "w8a16", "skipped")]

@@ -232,9 +232,9 @@ def placed_build(m: dict, comp: str, runner: str, precision: str, fp32_on_cpu: b
 
     def find(f: str, p: str):
         return next((b for b in m["builds"] if b["component"] == comp and b["format"] == f and
-                     b["precision"] == p and (b["status"] == "accepted" or allow_rejected) and b["files"]), None)
+                     b["precision"] == p and (b["status"] == "accepted" or allow_rejected) and b.get("files")), None)
 
-    if fp32_on_cpu and m["components"].get(comp, {}).get("fp32_on_cpu"):
+    if fp32_on_cpu and (m.get("components") or {}).get(comp, {}).get("fp32_on_cpu"):
         cpu = ((fmt, kind),) if fmt == "pte" else ()
         for f, k in (*cpu, RUNNER_FORMATS["ort"]):
             b = find(f, "fp32")
