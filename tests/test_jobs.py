@@ -330,3 +330,24 @@ def test_a_heavy_graphs_jobs_are_ordered_by_its_size_and_only_big_compiles_run_a
     htp_chain = (SECONDS_PER_GIB["lower-ctx"] + SECONDS_PER_GIB["score-htp"]) * gib
     assert htp_chain > SECONDS_PER_GIB["lower-pte"] * gib > DEFAULT_SECONDS["lower-pte"]
     assert "e2e" not in SECONDS_PER_GIB
+
+
+def test_a_heavy_graphs_waiting_worker_jobs_are_sized_to_its_weights(tmp_path):
+    """ComponentJobs._sized, which every job of a graph past HEAVY_BYTES goes through once its trace ends:
+    a worker step gets a process of its own and its memory estimate (memory.step_bytes) on the gate, a
+    light graph's jobs stay as planned. (At 3d7b5e9 it lost its import of step_bytes: every real-size
+    build stopped with a NameError after its first big trace, and no test took that path.)"""
+    from omni_export.jobs.component import HEAVY_BYTES as HEAVY, MEMORY_KIND
+    from omni_export.memory import step_bytes
+
+    for weight_bytes in (1 << 20, 2 * HEAVY):
+        _, _, cj = _e2e_rows(tmp_path / str(weight_bytes), weight_bytes, "off")
+        jobs = [j for j in cj.graph.jobs.values() if j.id.startswith("code2wav/") and j.where == "worker"
+                and MEMORY_KIND.get(j.kind) and j.state == "waiting"]
+        assert jobs
+        for j in jobs:
+            cj._sized(j)
+            if weight_bytes < HEAVY:
+                assert not j.fresh and not j.memory, j.id
+            else:
+                assert j.fresh and j.memory == step_bytes(MEMORY_KIND[j.kind], weight_bytes) > 0, j.id

@@ -107,6 +107,7 @@ class ComponentJobs:
     def _sized(self, j: Job) -> None:
         """A waiting job of a graph past HEAVY_BYTES: an estimate scaled to its weights, and (a worker's
         step) a process of its own holding its estimated peak on the memory gate."""
+        from ..memory import runs_alone, step_bytes
         from .graph import SECONDS_PER_GIB
 
         wb = self.info.get("weight_bytes", 0) if self.info else 0
