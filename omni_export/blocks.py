@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,13 +43,21 @@ class BlockChain(nn.Module):
     @torch.no_grad()
     def record(self, inputs: dict) -> list[tuple[str, Block, dict, dict]]:
         """Run eagerly; return (name, block, its inputs, its outputs) for every block."""
-        env = {n: torch.as_tensor(inputs[n]) for n in self.input_names}
+        env = {n: _tensor(inputs[n]) for n in self.input_names}
         rows = []
         for name, block in zip(self.block_names, self.blocks):
             ins = {n: env[n] for n in block.inputs}
             _run(block, env)
             rows.append((name, block, ins, {n: env[n] for n in block.outputs}))
         return rows
+
+
+def _tensor(x) -> torch.Tensor:
+    """A tensor of `x`; read-only arrays (the memory-mapped held-out inputs) are copied, which torch
+    would otherwise share and warn about on stderr."""
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        x = np.array(x)
+    return torch.as_tensor(x)
 
 
 def _run(block: Block, env: dict) -> None:

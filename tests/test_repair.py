@@ -67,3 +67,27 @@ def test_a_repaired_build_goes_to_ai_hub_as_built_with_options_its_compile_parse
     qairt = next(f["api_version"] for f in server.scenario["frameworks"])
     opts = server._options(by["w8a16-mixed"].compile_options(qairt), fake_hub.COMPILE_OPTIONS)
     assert opts["--target_runtime"] == "qnn_context_binary" and "--quantize_full_type" not in opts
+
+
+def test_attribution_records_blocks_on_read_only_inputs_without_a_warning():
+    """The held-out inputs attribution reads are memory-mapped, read only: torch warned on stderr on
+    every 0.6B build ('The given NumPy array is not writable')."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    from omni_export.blocks import Block, BlockChain
+
+    class Double(Block):
+        def forward(self, x):
+            return x * 2
+
+    chain = BlockChain(["x"], ["y"], [("double", Double().named(["x"], ["y"]))])
+    x = np.arange(4, dtype=np.float32)
+    x.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = chain.record({"x": x})
+    assert [r[0] for r in rows] == ["double"] and torch.equal(rows[0][3]["y"], torch.arange(4.0) * 2)
+    assert not x.flags.writeable and x[1] == 1          # the caller's array is untouched
