@@ -3,6 +3,8 @@ small model by lowering the threshold: export, fp16 conversion (streamed tensor 
 QDQ quantization and the copy under the build's name must give the outputs of the inline model."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -76,3 +78,31 @@ def test_qdq_quantization_reads_an_external_data_source(program, tmp_path, monke
     q_ex = ox.quantize_qdq(external, tmp_path / "external" / "w8a16.qdq.onnx", calib, Precision.W8A16)
     x = calib[0]["x"]
     np.testing.assert_allclose(run(q_in, x), run(q_ex, x), rtol=0, atol=1e-6)
+
+
+def test_a_kept_job_and_the_bundle_leave_external_data_readable_by_onnx(program, tmp_path, monkeypatch):
+    """onnx refuses external data with more than one hard link ('potential hardlink attack'). The job
+    store hard-linked a finished export's files, so every 0.6B w8a16 quantization (the QDQ quantizer
+    loads the fp32 graph with onnx) failed with that error and no w8a16 build was made."""
+    from omni_export.jobs.results import JobStore
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(onnxfile, "EXTERNAL_DATA_BYTES", 0)
+    fp32 = ox.export(program, out / ".staging" / "work" / "mlp" / "fp32.onnx", ["x"], ["y"])
+    store = JobStore(out)
+    assert store.save("k1", "mlp/export", "export", {"onnx": {"fp32": str(fp32)}})
+    calib = [{"x": np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)} for _ in range(8)]
+    ox.quantize_qdq(fp32, out / "w8a16.qdq.onnx", calib, Precision.W8A16)      # onnx.load of the kept graph
+    assert ox.data_file(fp32).stat().st_nlink == 1
+
+    (out / ".staging").rename(tmp_path / "gone")                                  # a resumed run puts it back
+    assert Path(store.load("k1")["onnx"]["fp32"]) == fp32 and ox.data_file(fp32).stat().st_nlink == 1
+    onnx.checker.check_model(str(fp32))
+
+    from omni_export.artifacts.store import link_or_copy
+
+    (tmp_path / "bundle").mkdir()                                                  # the bundle's way in OUT
+    link_or_copy(fp32, tmp_path / "bundle" / fp32.name)
+    link_or_copy(ox.data_file(fp32), tmp_path / "bundle" / ox.data_file(fp32).name)
+    assert fp32.stat().st_nlink > 1 and ox.data_file(fp32).stat().st_nlink == 1     # only the data is copied
+    onnx.checker.check_model(str(tmp_path / "bundle" / fp32.name))

@@ -4,7 +4,8 @@ files and their sha256, validated by schemas/runtime.schema.json) and a README f
 
 Written at the end of every build into OUT/bundle/ (recorded in the manifest's "bundle", shown in
 the reports), or by `omni-export bundle OUT [--into DIR] [--pick COMPONENT=FORMAT:PRECISION]`.
-Only accepted builds are ever bundled. Files are hard-linked when the bundle lies inside OUT, else
+Only accepted builds are ever bundled. Files are hard-linked when the bundle lies inside OUT (ONNX
+external data excepted: artifacts/store.link_or_copy), else
 copied; the bundle is made in a scratch directory beside its destination and renamed into place.
 docs/bundle.md describes the policy and every runtime.json field.
 """
@@ -273,14 +274,13 @@ def remove(into: Path) -> None:
 
 
 def _put(src: Path, dest: Path, link: bool) -> None:
+    from .store import link_or_copy
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     if link:
-        try:
-            os.link(src, dest)
-            return
-        except OSError:
-            pass
-    shutil.copyfile(src, dest)
+        link_or_copy(src, dest)
+    else:
+        shutil.copyfile(src, dest)
 
 
 def within(path: Path, root: Path) -> bool:

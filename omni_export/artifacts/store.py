@@ -599,14 +599,25 @@ def _remove_tree(d: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def link_or_copy(src: Path, dest: Path) -> None:
+    """`dest` as a hard link of `src` where one is allowed, else a copy. ONNX external data (a
+    graph's `<name>.onnx.data`) is always copied: onnx refuses to read external data through a file
+    with more than one link ("potential hardlink attack"), so a linked one breaks every later
+    `onnx.load` of the graph -- the QDQ quantizer's at 0.6B, or a user's of a bundled graph."""
+    if not any(Path(p).name.endswith(".data") for p in (src, dest)):      # the store keeps it as f<i>
+        try:
+            os.link(src, dest)
+            return
+        except OSError:           # another file system, or links not allowed here
+            pass
+    shutil.copyfile(src, dest)
+
+
 def _atomic_copy(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
+        link_or_copy(src, tmp)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -8,7 +8,8 @@ precision), the keys of the jobs it depends on and what its binding chose (a slo
 indices): the same inputs give the same key, a changed input a new one all the way down.
 
 Layout, inside OUT only: OUT/.jobs/<key>/result.json beside the job's files. A job's entry is made
-whole in OUT/.jobs/.tmp-<key>-<pid>/ (files hard-linked, else copied; result.json last) and renamed
+whole in OUT/.jobs/.tmp-<key>-<pid>/ (files hard-linked, else copied -- ONNX external data always copied, see
+artifacts/store.link_or_copy; result.json last) and renamed
 to its key in one step, so a half-written entry never counts; one whose files are missing or of
 another size is ignored. Answering a job puts its files back at the OUT-relative paths the job wrote
 them to (its staging directory, the component's work directory), so the jobs after it see what an
@@ -41,12 +42,11 @@ def key(base: str, job_id: str, deps: list[str], extra=None, scoring: bool = Fal
 
 
 def _link(src: Path, dst: Path) -> None:
+    from ..artifacts.store import link_or_copy
+
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    link_or_copy(src, dst)
 
 
 class JobStore:

@@ -142,16 +142,15 @@ class SharedDir:
         self.root = Path(root)
 
     def put(self, path: Path, sha: str) -> bool:
-        """Keep `path` as <root>/<sha256> (a hard link when the file system allows); False: already there."""
+        """Keep `path` as <root>/<sha256> (a hard link when allowed: artifacts/store.link_or_copy); False: already there."""
         dest = self.root / sha
         if dest.is_file():
             return False
 
         def write(tmp):
-            try:
-                os.link(path, tmp)
-            except OSError:
-                shutil.copyfile(path, tmp)
+            from ..artifacts.store import link_or_copy
+
+            link_or_copy(path, tmp)
 
         place(dest, write, path.stat().st_mtime_ns)
         return True
