@@ -412,3 +412,18 @@ def test_an_end_to_end_row_on_repaired_graphs_says_which_in_report_md():
     assert "| w8a16 (code2wav at w8a16-mixed, code2wav_n2 at w8a16-mixed) | htp |" in text
     del row["repaired"]
     assert "| w8a16 | htp |" in "\n".join(_end_to_end({"end_to_end": [row]}))
+
+
+def test_a_repair_that_could_not_start_is_said_in_both_reports_without_a_table(tmp_path):
+    """The 0.6B talker prefill's repair record has no runner and no steps (its graph is past 256 MB and
+    not a BlockChain): report.html failed to render ('dict object' has no attribute 'runner') and the
+    whole build exited 1 after 47 minutes of jobs."""
+    from omni_export.reports.html import render
+
+    m = manifest([build("onnx", "w8a16", 28.2, 30.0)])
+    why = "a graph past 256 MB of weights is ranked by its per-block attribution, which needs a BlockChain"
+    m["components"]["code2wav"] = {**m["components"]["code2wav"],
+                            "repair": {"w8a16": {"steps": [], "result": None, "order": [], "budget": 4, "stopped": why}}}
+    text, html = summary(m), render(tmp_path, m)
+    assert f"code2wav w8a16 rejected; repair found no passing variant: {why}" in text and "| step | kept in float" not in text
+    assert f"No variant passed: {why}." in html and 'class="repair"' not in html and "Each step keeps" not in html

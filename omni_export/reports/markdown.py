@@ -192,7 +192,7 @@ def _repair(m: dict) -> list[str]:
                     head += " (sizes: " + "; ".join(parts) + ")"
             else:
                 head = f"{md(comp)} {md(pv)} rejected; repair found no passing variant: {md(search.get('stopped') or '')}"
-            out += ["", f"Precision repair: {head}", ""] + _repair_table(search)
+            out += ["", f"Precision repair: {head}"] + (["", *_repair_table(search)] if search.get("steps") else [])
     return out
 
 
