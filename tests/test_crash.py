@@ -167,3 +167,22 @@ def test_a_rerun_after_a_kill_answers_every_job_the_killed_run_finished_from_its
 
 def builds_of(m: dict) -> dict:
     return {(b["format"], b["precision"]): b for b in m["builds"] if b["component"] == "code2wav"}
+
+
+def test_a_build_killed_after_its_last_component_resumes_without_loading_anything_it_reused(tmp_path,
+                                                                                           tiny_checkpoint):
+    """Killed after every component was recorded, before the manifest (the 0.6B build that failed at
+    report.html): the rerun reuses every component, so no job loads the model, and the end-to-end plan
+    read the checkpoint from the previous record, which a run that never wrote its manifest lacks
+    (KeyError 'checkpoint', exit 1). It completes now, with the killed run's builds."""
+    out = tmp_path / "out"
+    resumed = [a for a in command(tiny_checkpoint, out)[3:] if a != "--force"]
+    killed = run_cli(*resumed, timeout=600, env={"OMNI_EXPORT_CRASH_AT": "documents"})
+    assert killed.returncode == 137 and check_invariant(out) == "incomplete"
+    built = {p.name: sha256_file(p) for p in out.glob("*.onnx")}
+    proc = run_cli(*resumed, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert check_invariant(out) == "complete"
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["checkpoint"]["path"] and m["summary"]["accepted"] == 1 and len(built) == 1
+    assert {p.name: sha256_file(p) for p in out.glob("*.onnx")} == built and m["builds"][0]["cache"]["hit"]

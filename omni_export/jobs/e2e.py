@@ -109,7 +109,8 @@ class EndToEndJobs:
         if planned:
             entries = [{"component": x.component, "format": x.format.value, "precision": x.precision.value,
                         "status": "planned"} for x in self.plan_.builds]
-        info = b.loaded_model.info if b.loaded_model is not None else b.previous["checkpoint"]
+        info = (b.loaded_model.info if b.loaded_model is not None else
+                (b.previous or {}).get("checkpoint") or b.model().info)   # a resumed run's record may lack it
         return record.manifest(b.opts, info, self.plan_, entries, components, 0.0)
 
     def _bind(self, runners: dict, meter: str | None = None):

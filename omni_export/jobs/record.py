@@ -152,7 +152,10 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     opts, model = build.opts, build.loaded_model
     entries = [e for name in order for e in build.entries.get(name, [])]
     components = {name: build.components[name] for name in order if name in build.components}
-    info = model.info if model is not None else build.previous["checkpoint"]
+    info = model.info if model is not None else (build.previous or {}).get("checkpoint")
+    if info is None:                    # a resumed run whose previous record stopped before the manifest
+        model = build.model()
+        info = model.info
     m = manifest(opts, info, the_plan, entries, components, time.time() - started)
     m["created"] = build.created
     m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
