@@ -8,8 +8,7 @@ precision), the keys of the jobs it depends on and what its binding chose (a slo
 indices): the same inputs give the same key, a changed input a new one all the way down.
 
 Layout, inside OUT only: OUT/.jobs/<key>/result.json beside the job's files. A job's entry is made
-whole in OUT/.jobs/.tmp-<key>-<pid>/ (files hard-linked, else copied -- ONNX external data always copied, see
-artifacts/store.link_or_copy; result.json last) and renamed
+whole in OUT/.jobs/.tmp-<key>-<pid>/ (files hard-linked, else copied; result.json last) and renamed
 to its key in one step, so a half-written entry never counts; one whose files are missing or of
 another size is ignored. Answering a job puts its files back at the OUT-relative paths the job wrote
 them to (its staging directory, the component's work directory), so the jobs after it see what an
@@ -17,8 +16,8 @@ uninterrupted run shows them. The store is emptied when a run finishes, and by -
 
 Kept: the intermediate graphs (fp32 ONNX export, fp16, quantized QDQ), a lowered artifact (ONNX,
 DLC, context binary, .pte) with how to run it, and a scoring run's outputs (.npz, read without
-pickles). Not kept: the traces (they hold the loaded model), precision repair, attribution and the
-end-to-end rows.
+pickles) -- but no graph with ONNX external data (`_external_data`). Not kept: the traces (they
+hold the loaded model), precision repair, attribution and the end-to-end rows.
 """
 from __future__ import annotations
 
@@ -138,6 +137,14 @@ def _siblings(path: Path) -> list[Path]:
     return sorted(p for p in path.parent.iterdir() if p.name == path.name or p.name.startswith(path.name + "."))
 
 
+def _external_data(files: list[str]) -> bool:
+    """Whether a job wrote a graph with ONNX external data (past 1.8 GB: the 0.6B talker's). Such a job
+    is not kept: onnx refuses external data through a file with more than one link, so an entry
+    could only copy it (tens of GB at 0.6B, which filled this machine's disk); a resumed run exports
+    those graphs again and takes their lowered context binaries, DLCs, .pte files and scores from here."""
+    return any(str(f).endswith(".data") for f in files)
+
+
 def _pack(kind: str, result, out: Path):
     """(JSON of the result, OUT-relative files, arrays) or None when the result is not one kept here."""
     from ..exporters.lower import Built
@@ -146,9 +153,13 @@ def _pack(kind: str, result, out: Path):
     try:
         if kind in ("export", "fp16", "quantize") and isinstance(result, dict) and "onnx" in result:
             files = [_rel(p, out) for v in result["onnx"].values() for p in _siblings(Path(v))]
+            if _external_data(files):
+                return None
             meta = {**result, "onnx": {k: _rel(v, out) for k, v in result["onnx"].items()}}
             return meta, sorted(set(files)), None
         if kind.startswith("lower") and isinstance(result, Built):
+            if _external_data([str(f) for f in result.files]):
+                return None
             spec = result.runner
             meta = {"files": [_rel(f, out) for f in result.files], "details": result.details,
                     "runner": {"kind": spec.kind, "model": _rel(spec.model, out), "input_names": list(spec.input_names),
