@@ -661,3 +661,30 @@ def test_a_components_intermediate_graphs_are_deleted_when_it_is_done(tiny_check
         assert any(comp in dirs for _, dirs in lines[mine[0]:mine[-1] + 1])      # in use while it runs
         assert all(comp not in dirs for _, dirs in lines[mine[-1] + 1:])           # gone once it is done
     assert not (out / ".staging").exists()
+
+
+def test_a_report_that_fails_to_render_loses_no_build(tiny_checkpoint, tmp_path, monkeypatch):
+    """report.html failed on the 0.6B build after 46 min of jobs, and the run ended without a
+    manifest (OUT marked incomplete). The manifest and the artifacts are written first now; the error
+    still ends the run."""
+    from omni_export.artifacts.manifest import read_manifest
+    from omni_export.artifacts.store import MARKER
+    from omni_export.core import Format, Precision
+    from omni_export.pipeline import RunOptions, run
+    from omni_export.recipes import get_recipe
+    from omni_export.reports import html
+    from omni_export.targets import get_target
+
+    def broken(*a, **k):
+        raise RuntimeError("template bug")
+
+    monkeypatch.setattr(html, "render", broken)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="template bug"):
+        run(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), out, checkpoint=tiny_checkpoint,
+                       components=("text_projection",), formats=(Format.ONNX,), precisions=(Precision.FP16,),
+                       recipe_options={"left-context": 2, "chunk-frames": 2}, attribution="off", rewrites=(),
+                       jobs=1, e2e=()))
+    m = read_manifest(out)
+    assert not (out / MARKER).exists() and m["summary"]["accepted"] == 1
+    assert all((out / b["files"][0]["path"]).is_file() for b in m["builds"])

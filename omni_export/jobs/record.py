@@ -184,7 +184,13 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["timings"]["total_s"] = round(time.time() - started, 3)
     if build.eta is not None:
         m["timings"]["eta"] = build.eta.record()          # the first ETA against the wall (jobs/eta.py)
-    with build.progress.stage("write parity.json, report.md, report.html"):
-        write_reports(build.store.root, m, write=build.store.write_text)
+    try:
+        with build.progress.stage("write parity.json, report.md, report.html"):
+            write_reports(build.store.root, m, write=build.store.write_text)
+    except Exception:
+        # a report that fails to render loses no build: the artifacts and the manifest are written
+        # (`omni-export report OUT` writes the reports again), then the error goes up as it came
+        build.store.finish(m)
+        raise
     build.store.finish(m)
     return m
