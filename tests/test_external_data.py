@@ -84,7 +84,7 @@ def test_a_job_store_and_a_bundle_leave_external_data_readable_by_onnx(program, 
     """onnx refuses external data with more than one hard link ('potential hardlink attack'). The job
     store hard-linked a finished export's files, so every 0.6B w8a16 quantization (the QDQ quantizer
     loads the fp32 graph with onnx) failed with that error and no w8a16 build was made. Copying them
-    instead filled the disk (62 GB of entries for one 0.6B build): a graph with external data is not
+    instead filled the disk (the 0.6B output directory reached 62 GB on a resume): a graph with external data is not
     kept (a resumed run exports it again), and the bundle copies only the data file."""
     from omni_export.jobs.results import JobStore
 

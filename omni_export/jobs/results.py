@@ -138,10 +138,11 @@ def _siblings(path: Path) -> list[Path]:
 
 
 def _external_data(files: list[str]) -> bool:
-    """Whether a job wrote a graph with ONNX external data (past 1.8 GB: the 0.6B talker's). Such a job
-    is not kept: onnx refuses external data through a file with more than one link, so an entry
-    could only copy it (tens of GB at 0.6B, which filled this machine's disk); a resumed run exports
-    those graphs again and takes their lowered context binaries, DLCs, .pte files and scores from here."""
+    """Whether a job wrote a graph with ONNX external data (`<name>.onnx.data`: most graphs at 0.6B).
+    Such a job is not kept: onnx refuses external data through a file with more than one link, so an
+    entry could only copy it, gigabytes per graph (with copies, a resumed 0.6B build filled this
+    machine's disk, its output directory at 62 GB). A resumed run exports those graphs again and
+    takes their lowered context binaries, DLCs, .pte files and scores from here."""
     return any(str(f).endswith(".data") for f in files)
 
 
