@@ -149,6 +149,41 @@ def test_the_remaining_wall_is_list_scheduled_with_running_jobs_first_and_expect
     assert eta.remaining(now=t0 + 45) == 0.0 and eta.late == []      # its moment passed without it: dropped
 
 
+def test_a_rejections_expected_attribution_and_repair_steps_raise_its_scores_priority_and_the_eta():
+    """The last run attributed and repaired c's w8a16 after its score (300 s, then 2 x 80 s): that
+    short score job outranks a 200 s lowering, so the tail starts early; the steps wait in a chain."""
+    g = JobGraph()
+    g.add(Job("c/trace", "trace", where="driver", component="c"))
+    g.add(Job("c/export", "export", ("c/trace",), component="c"))
+    g.add(Job("c/score/onnx/w8a16", "score", ("c/export",), component="c"))
+    g.add(Job("t/lower/pte/fp16", "lower-pte", ("c/trace",), component="t"))
+    m = E.CostModel()
+    m.observe([rec("c/trace", "trace", 1.0), rec("c/export", "export", 4.0), rec("c/score/onnx/w8a16", "score", 10.0),
+               rec("t/lower/pte/fp16", "lower-pte", 200.0), rec("c/attribute/w8a16", "attribute", 300.0),
+               rec("c/repair/w8a16/1", "repair", 80.0), rec("c/repair/w8a16/2", "repair", 80.0)],
+              {"c": MB, "t": MB}, "ck")
+    late = [{"id": "c/attribute/w8a16", "kind": "attribute", "component": "c",
+             "deps": ["c/trace", "c/score/onnx/w8a16"], "where": "worker", "memory_bytes": 0, "alone": False},
+            {"id": "c/repair/w8a16/1", "kind": "repair", "component": "c", "deps": ["c/export", "c/attribute/w8a16"],
+             "where": "worker", "memory_bytes": 0, "alone": False},
+            {"id": "c/repair/w8a16/2", "kind": "repair", "component": "c", "deps": ["c/export", "c/repair/w8a16/1"],
+             "where": "worker", "memory_bytes": 0, "alone": False}]
+    eta = E.Eta(g, m, "ck", workers=2, budget=None, late=late)
+    prio = eta.priority()
+    assert prio["c/score/onnx/w8a16"] == pytest.approx(10 + 300 + 80 + 80)
+    assert prio["c/score/onnx/w8a16"] > prio["t/lower/pte/fp16"] == pytest.approx(200)
+    assert prio["c/trace"] == pytest.approx(1 + 4 + 470)
+    # two workers: export, score, then attribution and steps in a chain (470 s) beside the lowering
+    assert eta.remaining(now=0.0) == pytest.approx(1 + 4 + 10 + 300 + 80 + 80)
+    lines = E.plan_lines(type("P", (), {"builds": [], "skipped": []})(), g, [], 2, "local", eta.late)
+    assert lines[-1].endswith("expected once under way (as the last run of this plan): "
+                              "c/attribute/w8a16, c/repair/w8a16 (2 steps)")
+    # the score ended and no attribution came (it passed this time): nothing more is expected
+    for jid in ("c/trace", "c/export", "c/score/onnx/w8a16"):
+        g.jobs[jid].state, g.jobs[jid].started, g.jobs[jid].ended = "done", 0.0, 1.0
+    assert eta.priority()["t/lower/pte/fp16"] == pytest.approx(200) and eta.late == []
+
+
 def test_first_run_uses_the_graph_defaults():
     g = JobGraph()
     g.add(Job("a/trace", "trace", where="driver", component="a"))

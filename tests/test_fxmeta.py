@@ -107,3 +107,53 @@ def test_cia_ops_are_collected_once_per_registration_state_and_torch_gets_its_fu
             m._collect_all_valid_cia_ops = original
         if lib is not None:
             lib._destroy()
+
+
+def test_signature_lookups_are_built_once_per_specs_list_and_torch_gets_its_properties_back():
+    from torch.export.graph_signature import ExportGraphSignature, InputKind
+
+    from omni_export.exporters.patches import fx_passes
+
+    originals = {n: ExportGraphSignature.__dict__[n] for n in fx_passes.SIGNATURE_LOOKUPS}
+    ep = torch.export.export(_Net().eval(), (torch.randn(1, 4, 6),))
+    sig = ep.graph_signature
+    plain = {n: dict(getattr(sig, n)) for n in fx_passes.SIGNATURE_LOOKUPS}
+    assert plain["inputs_to_parameters"]            # the conv, norm and linear weights
+    with fx_passes.memoised_signatures():
+        with fx_passes.memoised_signatures():       # nests
+            first = sig.inputs_to_parameters
+            assert first is sig.inputs_to_parameters                      # built once
+            assert {n: dict(getattr(sig, n)) for n in fx_passes.SIGNATURE_LOOKUPS} == plain
+        assert ExportGraphSignature.__dict__["inputs_to_parameters"] is not originals["inputs_to_parameters"]
+        # a pass that sets a new input_specs list is answered from that list, not the memo
+        kept = [s for s in sig.input_specs if s.kind != InputKind.PARAMETER]
+        specs, sig.input_specs = sig.input_specs, kept
+        try:
+            assert dict(sig.inputs_to_parameters) == {}
+            assert dict(sig.inputs_to_buffers) == plain["inputs_to_buffers"]
+        finally:
+            sig.input_specs = specs
+        assert dict(sig.inputs_to_parameters) == plain["inputs_to_parameters"]
+    assert {n: ExportGraphSignature.__dict__[n] for n in fx_passes.SIGNATURE_LOOKUPS} == originals
+    assert not fx_passes._sig_memo
+    assert sig.inputs_to_parameters is not sig.inputs_to_parameters        # torch's: a new dict per call
+
+
+def test_pte_is_byte_identical_with_and_without_the_memoised_signatures(tmp_path, monkeypatch):
+    """Both partitioners (XNNPACK's and the one-pass `level` one past LEVEL_PARTITION_NODES) lower to
+    the same bytes with and without the memo."""
+    import contextlib
+
+    from omni_export.exporters.patches import fx_passes
+
+    torch.manual_seed(0)
+    module = _Net().eval()
+    example = (torch.randn(1, 4, 6),)
+    for nodes in (et.LEVEL_PARTITION_NODES, 0):
+        monkeypatch.setattr(et, "LEVEL_PARTITION_NODES", nodes)
+        et.export_pte(module, example, tmp_path / f"memo{nodes}.pte", Precision.FP16)
+        with monkeypatch.context() as m:
+            m.setattr(fx_passes, "memoised_signatures", contextlib.nullcontext)
+            et.export_pte(module, example, tmp_path / f"plain{nodes}.pte", Precision.FP16)
+        memo, plain = (tmp_path / f"memo{nodes}.pte").read_bytes(), (tmp_path / f"plain{nodes}.pte").read_bytes()
+        assert len(memo) > 1000 and memo == plain

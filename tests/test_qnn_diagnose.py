@@ -113,9 +113,11 @@ def test_the_build_says_it_the_block_alone_is_attributed_and_the_report_shows_it
     assert e["status"] == "rejected" and e["diagnosis"]["block"] == "pre_conv"
     reason = e["parity"]["reason"]
     assert reason.startswith("lowering failed: QNN could not compile node 'node_argmax_1' (ArgMax in block pre_conv)")
+    # w8a16's builds are all judged: its attribution starts now, while fp16's build is still to come
+    assert cj.entries[0] is None and "code2wav/attribute/w8a16" in g.jobs
+    assert not cj._maybe_attribute()                  # once per precision
 
     cj.entries[0] = {**build("ctx", "fp16", 50.0, 30.0), "precision": "fp16"}          # fp16 compiled and passed
-    assert cj._maybe_attribute()
     attribute = g.jobs["code2wav/attribute/w8a16"]
     assert attribute.bind(g.jobs)[1][-1] == "pre_conv" and attribute.label.endswith("block pre_conv")
     precision_notes([x for x in cj.entries])

@@ -91,3 +91,114 @@ def test_attribution_records_blocks_on_read_only_inputs_without_a_warning():
         rows = chain.record({"x": x})
     assert [r[0] for r in rows] == ["double"] and torch.equal(rows[0][3]["y"], torch.arange(4.0) * 2)
     assert not x.flags.writeable and x[1] == 1          # the caller's array is untouched
+
+
+class _Layers:
+    """A tiny transformer-like graph: each layer of a module list makes one output (a layer's new key),
+    a final norm the last one."""
+
+    @staticmethod
+    def export(path):
+        import torch
+        from torch import nn
+
+        from omni_export.exporters.onnx import export
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+                self.norm = nn.LayerNorm(8)
+
+            def forward(self, x):
+                keys = []
+                for layer in self.layers:
+                    x = layer(x)
+                    keys.append(x * 2.0)
+                return (self.norm(x), *keys)
+
+        names = ["hidden", "new_key_0", "new_key_1", "new_key_2"]
+        program = torch.export.export(Net().eval(), (torch.randn(1, 4, 8),))
+        return export(program, path, ["x"], names)
+
+
+def test_outputs_map_to_the_module_list_element_that_makes_them_and_its_nodes(tmp_path):
+    from omni_export.exporters.onnx import block_nodes, output_scopes, scope_nodes
+
+    src = _Layers.export(tmp_path / "net.onnx")
+    assert output_scopes(src) == {"hidden": "norm", "new_key_0": "layers.0", "new_key_1": "layers.1",
+                                  "new_key_2": "layers.2"}
+    nested, top = scope_nodes(src), block_nodes(src)
+    assert set(top) <= set(nested) and all(nested[b] == top[b] for b in top)     # the first level: block_nodes'
+    assert nested["layers.1"] and not set(nested["layers.1"]) & set(nested["layers.2"])
+
+
+def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs(tmp_path):
+    """Past HEAVY_BYTES, a graph that is not a BlockChain has no per-block attribution (the 0.6B talker
+    prefill): its rejected build's per-output scores rank the modules that make them, and the first
+    step keeps the layer whose output scored worst in float."""
+    from omni_export.core import BuildSpec, Format
+    from omni_export.jobs.component import HEAVY_BYTES, ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from omni_export.pipeline import RunOptions
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    src = _Layers.export(tmp_path / "net.onnx")
+
+    class Run:
+        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
+        store = type("S", (), {"root": tmp_path})()
+        progress = type("P", (), {"job_finished": lambda self, label, note: None})()
+
+        def gate(self, component, precision):
+            return 30.0
+
+    specs = [BuildSpec("qwen3-tts", "talker_prefill", Format.CTX, Precision.W8A16, "s25-htp")]
+    g = JobGraph()
+    cj = ComponentJobs(Run(), "talker_prefill", specs, g)
+    cj.plan()
+    cj.info = {"block_chain": False, "weight_bytes": HEAVY_BYTES}
+    cj.states["talker_prefill/export"] = {"onnx": {"fp32": str(src)}}
+    outs = [{"name": "hidden", "snr_db": 41.0}, {"name": "new_key_0", "snr_db": 35.0},
+            {"name": "new_key_1", "snr_db": 26.4}, {"name": "new_key_2", "snr_db": 31.0}]
+    cj.entries[0] = {"component": "talker_prefill", "format": "ctx", "precision": "w8a16", "status": "rejected",
+                     "parity": {"outputs": outs}}
+    assert cj._maybe_repair()
+    search = cj.repair["w8a16"]
+    assert search["ranked_by"] == "outputs" and search["runner"] == "qnn-htp"
+    # graph order layers.0..2, norm; layers.1 adds nearly all the noise of the worst output, layers.2
+    # and the norm none (their outputs are cleaner than layers.1's)
+    assert search["outputs"][:2] == [{"block": "layers.0", "snr_db": 35.0, "outputs": ["new_key_0"]},
+                                     {"block": "layers.1", "snr_db": 26.4, "outputs": ["new_key_1"]}]
+    assert search["order"] == ["layers.1", "layers.0", "layers.2", "norm"]
+    assert search["estimate"]["worst"] == "layers.1" and not search["estimate"]["futile"]
+    step = g.jobs["talker_prefill/repair/w8a16/1"]
+    assert step.label == "talker_prefill: repair w8a16, step 1: keep layers.1 in float" and search["_order"][0] == "layers.1"
+    assert step.memory > 0                                # a heavy graph's step holds its estimate on the memory gate
+    assert "attribute" not in " ".join(g.jobs)            # no per-block attribution was asked for
+
+
+# the 0.6B talker prefill's w8a16 context binary (random weights, 4d07593): each layer's new_key SNR
+PREFILL_KEYS_DB = [39.6, 35.5, 33.4, 32.3, 31.7, 30.7, 30.4, 29.7, 29.4, 29.1, 28.9, 28.7, 28.5, 28.2, 28.1, 27.7,
+                   27.6, 27.1, 27.3, 27.1, 27.5, 26.9, 26.8, 26.8, 26.4, 26.5, 26.6, 26.7]
+
+
+def test_an_accumulated_loss_no_few_modules_can_lift_is_said_without_running_a_step():
+    rows = [{"block": f"decoder.layers.{i}", "snr_db": db} for i, db in enumerate(PREFILL_KEYS_DB)]
+    rows.append({"block": "codec_head", "snr_db": 26.5})
+    order, finding = rp.by_added_noise(rows, 30.0, 4)
+    assert finding["futile"] and finding["worst"] == "decoder.layers.24" and finding["worst_db"] == 26.4
+    # in noise power the layers add about the same: the four largest adders (layer 17's jump from
+    # 27.6 to 27.1 dB first) remove ~1.8 dB of the 3.6 the gate needs
+    assert finding["kept"] == ["decoder.layers.17", "decoder.layers.24", "decoder.layers.2", "decoder.layers.5"]
+    assert 27.5 < finding["estimate_db"] < 29.0
+    assert rows[order[0]]["block"] == "decoder.layers.17" and len(order) == len(rows)
+    # one module that adds most of the noise (an outlier layer): keeping it can pass, so the steps run
+    spike = [dict(r) for r in rows[:5]]
+    spike[3]["snr_db"], spike[4]["snr_db"] = 22.0, 21.9
+    order, finding = rp.by_added_noise(spike, 30.0, 4)
+    assert not finding["futile"] and order[0] == 3 and finding["worst"] == "decoder.layers.4"
+    # a module that failed or gave NaN/Inf goes first, and no estimate is made
+    order, finding = rp.by_added_noise(rows[:3] + [{"block": "x", "snr_db": None, "finite": False}], 30.0, 4)
+    assert order[0] == 3 and finding == {"futile": False}

@@ -672,25 +672,72 @@ def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
     return len(todo)
 
 
+def _scopes(node) -> list:
+    import ast
+
+    meta = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+    except (ValueError, SyntaxError):
+        return []
+    return scopes if isinstance(scopes, list) and all(isinstance(x, str) for x in scopes) else []
+
+
+def scope_nodes(src: Path) -> dict[str, list[str]]:
+    """{module scope: node names} at every depth below the root: a node is listed under each module it
+    sits in (`decoder`, `decoder.layers.24`, `decoder.layers.24.self_attn`, ...; the scope list's last
+    entry names the op, not a module). block_nodes' blocks are the first level of these."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    out: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.name:
+            for scope in _scopes(n)[1:-1]:
+                out.setdefault(scope, []).append(n.name)
+    return out
+
+
+def output_scopes(src: Path) -> dict[str, str]:
+    """{graph output: the module that makes it}: of the producing node's modules, the deepest element of
+    a module list (`decoder.layers.24` for a transformer layer's new_key_24), else the deepest module
+    (`decoder.norm`, `codec_head`). A node of the root module (glue: a reshape, a concat) is walked
+    back through to the nearest node inside a module. Outputs no module makes are left out."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    made = {o: n for n in model.graph.node for o in n.output}
+    out = {}
+    for o in model.graph.output:
+        todo, seen = [o.name], set()
+        while todo:
+            name = todo.pop(0)
+            n = made.get(name)
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            modules = _scopes(n)[1:-1]
+            if modules:
+                listed = [m for m in modules if m.rsplit(".", 1)[-1].isdigit()]
+                out[o.name] = (listed or modules)[-1]
+                break
+            todo.extend(x for x in n.input if x)
+    return out
+
+
 def block_nodes(src: Path) -> dict[str, list[str]]:
     """{block: node names} of an exported graph, by the module each node came from: torch's exporter
     records each node's module scopes (`pkg.torch.onnx.name_scopes`, ['', 'blocks.3', ...]), and the
     first below the root names its block -- a BlockChain's `blocks.<i>` (blocks.py), a transformer's
     `layers.<i>`, `norm`, `lm_head`, ... -- in the order the graph first reaches it. Nodes of the root
     module itself (glue between blocks) are left out."""
-    import ast
-
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
     out: dict[str, list[str]] = {}
     for n in model.graph.node:
-        meta = {p.key: p.value for p in n.metadata_props}
-        try:
-            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-        except (ValueError, SyntaxError):
-            continue
-        top = scopes[1] if len(scopes) > 2 and isinstance(scopes[1], str) else ""
+        scopes = _scopes(n)
+        top = scopes[1] if len(scopes) > 2 else ""
         if top and n.name:
             out.setdefault(top, []).append(n.name)
     return out

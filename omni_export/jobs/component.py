@@ -480,13 +480,13 @@ class ComponentJobs:
     def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None) -> None:
         from . import work
 
-        deps = (self._id("trace"),)
-        self._add(Job(self._id("attribute", p.value), "attribute", deps,
+        deps = (self._id("trace"),) + self._judged_by(p)
+        self._sized(self._add(Job(self._id("attribute", p.value), "attribute", deps,
                       label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU)" if on_cpu else "")
                       + (f", block {only}" if only else ""),
                       bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES, only)),
                       done=lambda job: self._attributed(job, p),
-                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
+                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES)))      # held on the memory gate
 
     def _attributed(self, job: Job, p: Precision) -> None:
         if job.error is not None:
@@ -496,27 +496,48 @@ class ComponentJobs:
         self._line(job)
         self._close(job)
 
+    def _judged(self, p: Precision) -> list[dict] | None:
+        """The entries of `p`'s ONNX-family builds (what attribution and repair read) once every one of
+        them is judged, else None. A precision's follow-ups start then, not when the component's last
+        job ends: at 0.6B, Code2Wav's w8a16 attribution waited for its fp16 .pte lowering and
+        simulator runs, and ran at the build's end with one core idle."""
+        mine = [e for b, e in zip(self.builds, self.entries) if b.precision == p and b.format != Format.PTE]
+        return None if not mine or any(e is None for e in mine) else mine
+
+    def _judged_by(self, p: Precision) -> tuple[str, ...]:
+        """The finished scoring jobs of `p`'s ONNX-family builds: what a follow-up of `p` (attribution,
+        repair) waited for, recorded as its deps so the job graph's record (the what-if view, the next
+        run's ETA and priorities) places it after them, not right after the trace."""
+        ids = (self._id("score", b.format.value, b.precision.value) for b in self.builds
+               if b.precision == p and b.format != Format.PTE)
+        return tuple(j for j in ids if j in self.graph.jobs and self.graph.jobs[j].state == "done")
+
     def _maybe_attribute(self) -> bool:
-        """--attribution auto, once every build is scored: examine the precisions with a rejected build."""
-        if self.run.opts.attribution != "auto" or any(j.startswith(self._id("attribute")) for j in self.graph.jobs):
+        """--attribution auto: examine each precision with a rejected ONNX-family build, once that
+        precision's ONNX-family builds are judged."""
+        if self.run.opts.attribution != "auto" or not self.info.get("block_chain"):
             return False
-        if not self.info.get("block_chain"):
-            return False
-        entries = [e for e in self.entries if e is not None]
-        late = [p for p in _attribution_precisions(self.builds)
-                if any(e["status"] == "rejected" and e["precision"] == p.value and e["format"] != "pte" for e in entries)]
-        for p in late:     # every rejection a QNN compile that named its node: that node's block alone
-            blocks = {(e.get("diagnosis") or {}).get("block") for e in entries
-                      if e["precision"] == p.value and e["status"] == "rejected" and e["format"] != "pte"}
+        started = False
+        for p in _attribution_precisions(self.builds):
+            mine = self._judged(p) if not p.mixed else None
+            if mine is None or self._id("attribute", p.value) in self.graph.jobs:
+                continue
+            rejected = [e for e in mine if e["status"] == "rejected"]
+            if not rejected:
+                continue
+            # every rejection a QNN compile that named its node: that node's block alone
+            blocks = {(e.get("diagnosis") or {}).get("block") for e in rejected}
             only = blocks.pop() if len(blocks) == 1 else None
-            self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p), only=only)
-        return bool(late)
+            self._add_attribution(p, on_cpu=_scored_low_on_cpu(mine, p), only=only)
+            started = True
+        return started
 
     # ------------------------------------------------------------------------------------ repair
     def _maybe_repair(self) -> bool:
-        """--repair auto, once every build is scored and attributed: for each quantized precision whose
-        build on the search's runner was rejected, start precision repair (jobs/repair.py); a precision
-        not attributed yet (--no-attribution) gets its attribution first."""
+        """--repair auto: for each quantized precision whose build on the search's runner was rejected,
+        once that precision's ONNX-family builds are judged (and, past HEAVY_BYTES, attributed), start
+        precision repair (jobs/repair.py); a precision not attributed yet (--no-attribution) gets its
+        attribution first. Called as each of the component's jobs ends: it starts each search once."""
         from . import repair as rp
 
         opts = self.run.opts
@@ -526,23 +547,30 @@ class ComponentJobs:
         started = False
         for p in sorted({b.precision for b in self.builds if b.precision.quantized and not b.precision.mixed},
                         key=list(Precision).index):
-            if p.value in self.repair:
+            if p.value in self.repair or self._judged(p) is None:
                 continue
             primary = rp.search_primary(self.builds, p, self._htp())
             if primary is None or not rp.wants_repair(entries, p, primary):
                 continue
             heavy = self.info.get("weight_bytes", 0) >= HEAVY_BYTES
             if heavy and not self.info.get("block_chain"):
-                self.repair[p.value] = {"steps": [], "result": None, "order": [], "budget": opts.repair_steps,
-                                        "stopped": "a graph past 256 MB of weights is ranked by its per-block "
-                                                   "attribution, which needs a BlockChain; this graph is not one"}
-                continue
-            if heavy:       # real-size graphs: the block-alone attribution ranks (one quantization per block
+                # no per-block attribution without a BlockChain, and one quantization per block of a
+                # 0.6B graph is minutes: the rejected build's own scores rank the modules that make
+                # its outputs (a transformer layer for its KV outputs)
+                rows = self._output_rows(entries, p, primary)
+                ranked_by = "outputs"
+                if not rows:
+                    self.repair[p.value] = {"steps": [], "result": None, "order": [], "budget": opts.repair_steps,
+                                            "ranked_by": ranked_by,
+                                            "stopped": "no scored output of the rejected build is made inside "
+                                                       "a module of the graph: nothing to keep in float"}
+                    continue
+            elif heavy:     # real-size graphs: the block-alone attribution ranks (one quantization per block
                 rows = self.attribution.get(p.value)    # of a 0.6B graph is minutes)
                 ranked_by = "attribution"
                 if rows is None:
-                    if not any(j == self._id("attribute", p.value) for j in self.graph.jobs):
-                        self._add_attribution(p, on_cpu=_scored_low_on_cpu(entries, p))
+                    if self._id("attribute", p.value) not in self.graph.jobs:
+                        self._add_attribution(p, on_cpu=_scored_low_on_cpu(self._judged(p), p))
                         started = True
                     continue
                 rows = [{**r, "index": f"blocks.{i}"} for i, r in enumerate(rows)]
@@ -550,22 +578,67 @@ class ComponentJobs:
                 rows = self.sensitivity.get(p.value)
                 ranked_by = "sensitivity"
                 if rows is None:
-                    self._add_sensitivity(p)
-                    started = True
+                    if self._id("sensitivity", p.value) not in self.graph.jobs:
+                        self._add_sensitivity(p)
+                        started = True
                     continue
-            order = rp.block_order(rows)
+            finding = None
+            if ranked_by == "outputs":      # by the noise each module adds, and whether the budget can pass
+                order, finding = rp.by_added_noise(rows, self.thresholds[p], opts.repair_steps)
+            else:
+                order = rp.block_order(rows)
             self.repair[p.value] = {"runner": "qnn-htp" if primary in (Format.CTX, Format.DLC) else "ort-cpu",
                                     "ranked_by": ranked_by,
+                                    **({"estimate": finding} if finding and "worst" in finding else {}),
                                     **({"sensitivity": [{k: r[k] for k in ("block", "snr_db", "error") if k in r}
                                                         for r in rows]} if ranked_by == "sensitivity" else {}),
+                                    **({"outputs": [{k: r[k] for k in ("block", "snr_db", "outputs") if k in r}
+                                                    for r in rows]} if ranked_by == "outputs" else {}),
                                     "order": [rows[i]["block"] for i in order], "budget": opts.repair_steps,
                                     "steps": [], "result": None, "_order": [rows[i]["index"] for i in order]}
             if not order or opts.repair_steps < 1:
                 self.repair[p.value]["stopped"] = "no block to keep" if not order else "--repair-steps 0"
                 continue
+            if finding and finding.get("futile"):
+                # each step is a quantization, a compile and simulator runs of a 0.6B graph: minutes
+                # spent to confirm what the scores already say
+                self.repair[p.value]["stopped"] = (
+                    f"the loss accumulates over the graph's modules: keeping the {len(finding['kept'])} that add "
+                    f"the most noise before {finding['worst']} ({', '.join(finding['kept'])}) in float would lift "
+                    f"its worst output from {finding['worst_db']:.1f} to about {finding['estimate_db']:.1f} dB "
+                    f"(estimated from the rejected build's per-output scores), under the "
+                    f"{self.thresholds[p]:.0f} dB gate: no step run (--repair-steps raises the budget)")
+                continue
             self._add_repair_step(p)
             started = True
         return started
+
+    def _output_rows(self, entries: list[dict], p: Precision, primary: Format) -> list[dict]:
+        """Ranking rows from the rejected `primary` build's per-output scores: per module that makes a
+        scored output (exporters.onnx.output_scopes), that output's SNR (the worst of its outputs),
+        in graph order (where the graph first reaches the module). Outputs outside gated_outputs, when the component names some, are left out."""
+        from ..exporters.onnx import output_scopes, scope_nodes
+
+        e = next(e for e in entries if e["precision"] == p.value and e["format"] == primary.value)
+        src = ((self.states.get(self._id("export")) or {}).get("onnx") or {}).get("fp32")
+        if not src:
+            return []
+        where = output_scopes(Path(src))
+        gated = set(self.component.gated_outputs or ())
+        rows: dict[str, dict] = {}
+        for sc in (e.get("parity") or {}).get("outputs") or []:
+            block = where.get(sc["name"])
+            if block is None or (gated and sc["name"] not in gated):
+                continue
+            db, finite = sc.get("snr_db"), sc.get("finite", True)
+            row = rows.setdefault(block, {"block": block, "index": block, "snr_db": db, "outputs": []})
+            row["outputs"].append(sc["name"])
+            if finite is False:
+                row["finite"] = False
+            if db is not None and (row["snr_db"] is None or db < row["snr_db"]):
+                row["snr_db"] = db
+        first = {scope: i for i, scope in enumerate(scope_nodes(Path(src)))}    # first reached, topologically
+        return sorted(rows.values(), key=lambda r: first.get(r["block"], len(first)))
 
     def _add_sensitivity(self, p: Precision) -> None:
         from . import work
@@ -585,7 +658,7 @@ class ComponentJobs:
             self._line(job, "failed: " + rows[0]["error"] if job.error is not None else "", failed=job.error is not None)
             self._close(job)
 
-        self._add(Job(self._id("sensitivity", p.value), "repair", (export,),
+        self._add(Job(self._id("sensitivity", p.value), "repair", (export,) + self._judged_by(p),
                       label=f"{self.name}: per-block sensitivity, {p.value} (each block alone quantized, ORT CPU)",
                       bind=lambda jobs: (work.sensitivity, (self.ref, self._deps_states(jobs, export), p.value,
                                                             ATTRIBUTION_SAMPLES + 1, tuple(self.component.gated_outputs))),
@@ -605,13 +678,17 @@ class ComponentJobs:
         search["_indices"] = indices
         export = self._id("export")
         jid = self._id("repair", p.value, k)
-        self._add(Job(jid, "repair", (export,),
+        # after the step before it, or the ranking it follows (recorded, as _judged_by)
+        before = self._id("repair", p.value, k - 1) if k > 1 else \
+            self._id("attribute" if search["ranked_by"] == "attribution" else "sensitivity", p.value)
+        after = (before,) if before in self.graph.jobs and self.graph.jobs[before].state == "done" else ()
+        self._sized(self._add(Job(jid, "repair", (export,) + after,
                       label=f"{self.name}: repair {p.value}, step {k}: keep {', '.join(names)} in float",
                       bind=lambda jobs, k=k: (work.repair_step, (self.ref, self._deps_states(jobs, export),
                                                                  p.repaired().value, blocks, f"s{k}",
                                                                  search["runner"], indices)),
                       done=lambda job, p=p, k=k: self._repair_stepped(job, p, k),
-                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES))
+                      fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES)))      # held on the memory gate
 
     def _repair_stepped(self, job: Job, p: Precision, k: int) -> None:
         from . import repair as rp
@@ -710,12 +787,12 @@ class ComponentJobs:
     # ------------------------------------------------------------------------------------ finish
     def _close(self, job: Job) -> None:
         self.open.discard(job.id)
+        # a precision whose ONNX-family builds are all judged starts its attribution and repair now,
+        # beside the component's other jobs (repair's ranking runs beside the attribution)
+        self._maybe_attribute()
+        self._maybe_repair()
         if self.open:
             return
-        if all(e is not None for e in self.entries):
-            attributing = self._maybe_attribute()
-            if self._maybe_repair() or attributing:        # repair's ranking runs beside the attribution
-                return
         self._finalize()
 
     def _finalize(self) -> None:

@@ -40,7 +40,7 @@ MAX_JOBS = 4000              # job ids kept (the least recently run dropped)
 MAX_MODELS = 64              # checkpoint identities / build signatures kept
 SIZE_RATIO = 1.5             # weight sizes within this factor count as "the same size"
 RECENCY = 1.5                # each run of a job weighs this much more than the one before it
-LATE_KINDS = ("e2e", "attribute")
+LATE_KINDS = ("e2e", "attribute", "repair")     # jobs a run adds under way (repair: its ranking and steps)
 _MAX_SECONDS = 1e6
 
 
@@ -341,6 +341,52 @@ class Eta:
         jobs = list(self.graph.jobs.values())
         return sum(self.seconds(j)[1] for j in jobs), len(jobs)
 
+    def _pending_late(self, states: dict) -> list[tuple[dict, list[str]]]:
+        """The late jobs still expected, each with the deps it waits for (jobs of the graph, or other
+        expected late jobs: a repair step waits for the step before it). A late job whose deps have all
+        ended without adding it will not come (its moment passed) and is dropped."""
+        for r in [r for r in self.late if r["id"] in states]:
+            self.late.remove(r)                       # planned now: a job of the graph
+        while True:                                   # a dropped job's followers may go with it
+            pending = {r["id"] for r in self.late}
+            out = []
+            for r in self.late:
+                deps = [d for d in r["deps"] if d in states or d in pending]
+                if r["kind"] == "attribute" and len(deps) <= 1:
+                    # a record of before 2026-12-05 (deps: the trace): added once the component's jobs ended
+                    deps = [j for j, job in self.graph.jobs.items() if job.component == r["component"]]
+                out.append((r, deps))
+            passed = [r for r, deps in out if deps and all(states.get(d) in ("done", "failed") for d in deps)]
+            if not passed:
+                return out
+            for r in passed:
+                self.late.remove(r)
+
+    def _late_seconds(self, r: dict) -> float:
+        s = self.costs.estimate(self.cost_id(r["id"], r["kind"]), r["kind"], r["component"],
+                                self._weight(r["component"]))
+        return s if s is not None else 30.0
+
+    def priority(self) -> dict[str, float]:
+        """Per job of the graph: the scheduler's critical-path priority -- its estimate (the cost
+        model's, else the graph's default) plus the longest chain below it, counting the late jobs the
+        last run of this plan added (a rejection's attribution and repair steps: at 0.6B, ~300 s and
+        4 x 85 s after Code2Wav's w8a16 scores, which therefore start early, not last)."""
+        from .graph import longest_below
+
+        states = {j.id: j.state for j in self.graph.jobs.values()}
+        secs = {jid: self.seconds(j)[0] for jid, j in self.graph.jobs.items()}
+        children = {jid: list(self.graph.children(jid)) for jid in self.graph.jobs}
+        late = self._pending_late(states)
+        for r, _ in late:
+            secs[r["id"]] = self._late_seconds(r)
+            children[r["id"]] = []
+        for r, deps in late:
+            for d in deps:
+                children[d].append(r["id"])
+        rem = longest_below(children, secs)
+        return {jid: rem[jid] for jid in self.graph.jobs}
+
     def remaining(self, now: float | None = None) -> float:
         """Projected seconds until every job (and every expected late job) has ended."""
         from .graph import project_wall
@@ -361,22 +407,12 @@ class Eta:
                 first.add(j.id)
             records.append({"id": j.id, "deps": [d for d in j.deps if d in open_ids], "where": j.where,
                             "seconds": est, "memory_bytes": j.memory, "alone": j.alone})
-        for r in list(self.late):
-            if r["id"] in states:                     # planned now: a job of the graph
-                self.late.remove(r)
-                continue
-            if r["kind"] == "attribute":              # added once the component's other jobs ended
-                deps = [i for i, j in ((j.id, j) for j in jobs) if j.component == r["component"]]
-            else:
-                deps = [d for d in r["deps"] if d in states]
-            if deps and all(states[d] in ("done", "failed") for d in deps):
-                self.late.remove(r)                   # its moment passed: it will not come
-                continue
-            s = self.costs.estimate(self.cost_id(r["id"], r["kind"]), r["kind"], r["component"],
-                                    self._weight(r["component"]))
-            records.append({"id": r["id"], "deps": [d for d in deps if d in open_ids], "where": r["where"],
-                            "seconds": s if s is not None else 30.0, "memory_bytes": r.get("memory_bytes") or 0,
-                            "alone": r.get("alone")})
+        late = self._pending_late(states)
+        expected = {r["id"] for r, _ in late}
+        for r, deps in late:
+            records.append({"id": r["id"], "deps": [d for d in deps if d in open_ids or d in expected],
+                            "where": r["where"], "seconds": self._late_seconds(r),
+                            "memory_bytes": r.get("memory_bytes") or 0, "alone": r.get("alone")})
         if not records:
             return 0.0
         return project_wall(records, self.workers, self.budget, first=first)
@@ -430,8 +466,10 @@ def plan_lines(the_plan, graph, reused: list[str], workers: int, executor: str, 
                  + ", ".join(f"{n} on {r} ({names.get(r, r)})" for r, n in runs.items())
                  + (f"; {shared} DLC builds share their context binary's run" if shared else ""))
     if late:
-        lines.append("plan: expected once under way (as the last run of this plan): "
-                     + ", ".join(r["id"] for r in late))
+        steps = Counter(r["id"].rsplit("/", 1)[0] for r in late if r["kind"] == "repair" and "/repair/" in r["id"])
+        said = [r["id"] for r in late if not (r["kind"] == "repair" and "/repair/" in r["id"])]
+        said += [f"{search} ({n} step{'s' if n != 1 else ''})" for search, n in steps.items()]
+        lines.append("plan: expected once under way (as the last run of this plan): " + ", ".join(said))
     return lines
 
 

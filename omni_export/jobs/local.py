@@ -62,15 +62,22 @@ def init_worker(threads: int, role: str = "job worker", bind: tuple[int, ...] | 
 
 
 def call(fn, args) -> JobResult:
-    """Run one job in a worker; its CPU seconds are this process's (every thread) and its children's."""
+    """Run one job in a worker; its CPU seconds are this process's (every thread) and its children's.
+    Then the heap's free pages go back to the OS (memory.trim_heap): a long-lived worker waits beside
+    every fresh heavy job of its slot, and at 0.6B the two held 0.92 GiB of the build's 5.79 GiB peak."""
     import resource
+
+    from ..memory import trim_heap
 
     def cpu() -> float:
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
     t0 = cpu()
-    value = fn(*args)
+    try:
+        value = fn(*args)
+    finally:
+        trim_heap()
     return JobResult(value, cpu() - t0)
 
 

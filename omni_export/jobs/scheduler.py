@@ -1,7 +1,9 @@
 """One scheduler for every build: ready jobs start on the executor's workers as slots and memory allow.
 
-- Order: the longest remaining chain first (JobGraph.remaining_path), so the jobs everything else
-  waits on start first, across components: the talker's scoring overlaps the predictor's lowering.
+- Order: the longest remaining chain first (eta.Eta.priority: by the cost model's seconds, counting
+  the attribution and repair steps the last run added after a rejection; JobGraph.remaining_path
+  without a cost model), so the jobs everything else waits on start first, across components: the
+  talker's scoring overlaps the predictor's lowering.
 - Slots: as many worker jobs at once as the executor has workers; driver jobs run one at a time in a
   thread of the build process (they need the loaded model) beside them.
 - Memory: a job with a `memory` estimate holds it on a memory.MemoryGate while it runs (the gate's
@@ -27,7 +29,8 @@ class Fatal(Exception):
 class Scheduler:
     def __init__(self, graph: JobGraph, executor, gate=None, on_start: Callable[[Job], None] | None = None,
                  on_end: Callable[[Job], None] | None = None, is_fatal: Callable[[BaseException], bool] | None = None,
-                 on_status: Callable[[list, int, int], None] | None = None, results=None):
+                 on_status: Callable[[list, int, int], None] | None = None, results=None,
+                 priority: Callable[[], dict] | None = None):
         from ..memory import NO_GATE
 
         self.graph = graph
@@ -38,6 +41,9 @@ class Scheduler:
         self.is_fatal = is_fatal or (lambda e: False)
         self.on_status = on_status or (lambda running, done, total: None)
         self.results = results               # jobs.results.JobStore: finished jobs' outputs by content key
+        # job id -> its critical-path priority (eta.Eta.priority: the cost model's seconds and the late
+        # jobs the last run added); the graph's own estimates without one
+        self.priority = priority or graph.remaining_path
         self._keys: dict[str, str] = {}
         self._driver = cf.ThreadPoolExecutor(1, thread_name_prefix="driver-job")
         self._running: dict[cf.Future, Job] = {}
@@ -57,7 +63,7 @@ class Scheduler:
         return any(j.where == "driver" for j in self._running.values())
 
     def _start_ready(self) -> None:
-        rem = self.graph.remaining_path()
+        rem = self.priority()
         heavy_held_back = False        # an `alone` job waits: nothing heavy may start before it
         for job in sorted(self.graph.ready(), key=lambda j: -rem[j.id]):
             if job.where == "driver":
@@ -215,7 +221,7 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
     results = JobStore(opts.out) if not opts.force else None      # --force: nothing answered from it
     sched = Scheduler(graph, executor, gate, on_start=lambda j: build.progress.job_started(j.label),
                       is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError), on_status=on_status,
-                      results=results)
+                      results=results, priority=build.eta.eta.priority if build.eta is not None else None)
     try:
         sched.run()
     finally:

@@ -197,18 +197,19 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
 def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[str], tag: str, runner: str,
                 indices: list[int] | None) -> dict:
     """One step of precision repair (jobs/repair.py): the graph quantized at `precision`'s base with the
-    nodes of `blocks` (exporters.onnx.block_nodes keys) kept in float, run on `runner` ("qnn-htp": the HTP
+    nodes of `blocks` (module scopes, exporters.onnx.scope_nodes: a BlockChain's `blocks.3`, a
+    transformer's `decoder.layers.24`) kept in float, run on `runner` ("qnn-htp": the HTP
     simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`). Returns the
     intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
     outputs, the share of weight bytes per width and the nodes kept."""
     from ..core import Precision
-    from ..exporters.onnx import block_nodes, float_island, weight_bits
+    from ..exporters.onnx import float_island, scope_nodes, weight_bits
     from ..runtime.runners import run_all
 
     lowering, _ = _adopted(ref, states)
     p = Precision(precision)
     src = lowering.onnx(Precision.FP32)
-    nodes = block_nodes(src)
+    nodes = scope_nodes(src)
     keep = float_island(src, [n for b in blocks for n in nodes.get(b, [])])
     path = lowering.quantize_mixed(p, keep, tag)
     spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
