@@ -225,28 +225,14 @@ def level_partitions(graph, supported: set) -> dict:
     return {n: level[n] for n in graph.nodes if n.op == "call_function" and n in supported}
 
 
-def _MemoisedXnnpack():
-    """XnnpackPartitioner whose partition() runs within patches.fx_passes.memoised_signatures: its
-    per-node weight checks ask the graph signature's input dicts, rebuilt on each call otherwise."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    from .patches.fx_passes import memoised_signatures
-
-    class MemoisedXnnpack(XnnpackPartitioner):
-        def partition(self, exported_program):
-            with memoised_signatures():
-                return super().partition(exported_program)
-
-    return MemoisedXnnpack
-
-
 def _level_xnnpack_partitioner():
     """XnnpackPartitioner with its own per-op support checks; partitions from `level_partitions`,
     each with the constants its ops read (one partition each; to_backend copies shared ones)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir.backend.canonical_partitioners.config_partitioner import is_constant_data
     from torch.fx.passes.infra.partitioner import Partition
 
-    class Level(_MemoisedXnnpack()):
+    class Level(XnnpackPartitioner):
         def generate_partitions(self, ep):
             supported = {n for g in self.get_matched_nodes_from_configs(ep) for n in g
                          if n.op == "call_function"}
@@ -288,10 +274,11 @@ def _fp16_safe(program):
 
 
 def _lower(program, path: Path) -> Path:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
     big = len(program.graph.nodes) > LEVEL_PARTITION_NODES
-    partitioner = _level_xnnpack_partitioner() if big else _MemoisedXnnpack()()
+    partitioner = _level_xnnpack_partitioner() if big else XnnpackPartitioner()
     et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:

@@ -22,15 +22,6 @@ lowering time of a small graph (a 3-layer fp16 .pte, the third lowering in a pro
 CIA registrations and the op namespaces, so a new registration is a new walk.
 
 `fast_passes()` applies both for the span of a build.
-
-3. The graph signature's lookups, built once per partitioning. `is_param`, `is_buffer` and
-`is_lifted_tensor_constant` (torch._export.utils) ask ExportGraphSignature.inputs_to_parameters /
-_buffers / _lifted_tensor_constants, properties that build a new dict over every input spec on each
-call. ExecuTorch's XNNPACK partitioner asks them for each argument of each node it checks, so
-partitioning grows with nodes x weights: profiling the 0.6B talker prefill's fp16 .pte lowering
-(py-spy, 2026-12-05), 30 % of the job's samples were in those dict builds. A partitioner only tags
-nodes, so within `memoised_signatures()` (the partitioners of exporters/executorch.py enter it) each
-signature's dicts are built once per input_specs list (a pass that sets a new list is asked anew).
 """
 from __future__ import annotations
 
@@ -41,9 +32,6 @@ import torch
 
 PINNED = {"torch": "2.13.0"}
 TARGETS = ("torch.fx.traceback:NodeSource.__init__",
-           "torch.export.graph_signature:ExportGraphSignature.inputs_to_parameters",
-           "torch.export.graph_signature:ExportGraphSignature.inputs_to_buffers",
-           "torch.export.graph_signature:ExportGraphSignature.inputs_to_lifted_tensor_constants",
            "torch._export.utils:_collect_all_valid_cia_ops",
            "torch.export.exported_program:_collect_all_valid_cia_ops",
            "torch.export.decomp_utils:_collect_all_valid_cia_ops")
@@ -135,52 +123,6 @@ def _cia_modules() -> list:
     import torch.export.exported_program as exported_program
 
     return [export_utils, exported_program, decomp_utils]
-
-
-SIGNATURE_LOOKUPS = ("inputs_to_parameters", "inputs_to_buffers", "inputs_to_lifted_tensor_constants")
-_sig_depth = 0
-_sig_original: dict = {}
-_sig_memo: dict = {}
-
-
-def _memoised(name: str, prop: property) -> property:
-    def get(self):
-        specs = self.input_specs
-        hit = _sig_memo.get((id(self), name))
-        # the memo holds the list it was built from, so a list of the same id is that list
-        if hit is not None and hit[0] is specs and hit[1] == len(specs):
-            return hit[2]
-        value = prop.fget(self)
-        _sig_memo[(id(self), name)] = (specs, len(specs), value, self)
-        return value
-
-    return property(get, doc=prop.__doc__)
-
-
-@contextlib.contextmanager
-def memoised_signatures():
-    """Within the block, ExportGraphSignature's input lookups answer from a memo per signature and
-    input_specs list. For spans that change no input spec in place (a partitioner tags nodes). Nests;
-    restores torch's properties and drops the memo when the outermost block exits."""
-    global _sig_depth
-    from torch.export.graph_signature import ExportGraphSignature
-
-    with _lock:
-        if _sig_depth == 0:
-            for name in SIGNATURE_LOOKUPS:
-                _sig_original[name] = ExportGraphSignature.__dict__[name]
-                setattr(ExportGraphSignature, name, _memoised(name, _sig_original[name]))
-        _sig_depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _sig_depth -= 1
-            if _sig_depth == 0:
-                for name, prop in _sig_original.items():
-                    setattr(ExportGraphSignature, name, prop)
-                _sig_original.clear()
-                _sig_memo.clear()
 
 
 @contextlib.contextmanager
