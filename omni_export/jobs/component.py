@@ -562,8 +562,9 @@ class ComponentJobs:
                 if not rows:
                     self.repair[p.value] = {"steps": [], "result": None, "order": [], "budget": opts.repair_steps,
                                             "ranked_by": ranked_by,
-                                            "stopped": "no scored output of the rejected build is made inside "
-                                                       "a module of the graph: nothing to keep in float"}
+                                            "stopped": "its fp32 ONNX could not be read to map its outputs to modules"
+                                            if rows is None else "no scored output of the rejected build is made "
+                                                                 "inside a module of the graph: nothing to keep in float"}
                     continue
             elif heavy:     # real-size graphs: the block-alone attribution ranks (one quantization per block
                 rows = self.attribution.get(p.value)    # of a 0.6B graph is minutes)
@@ -613,17 +614,26 @@ class ComponentJobs:
             started = True
         return started
 
-    def _output_rows(self, entries: list[dict], p: Precision, primary: Format) -> list[dict]:
+    def _output_rows(self, entries: list[dict], p: Precision, primary: Format) -> list[dict] | None:
         """Ranking rows from the rejected `primary` build's per-output scores: per module that makes a
         scored output (exporters.onnx.output_scopes), that output's SNR (the worst of its outputs),
-        in graph order (where the graph first reaches the module). Outputs outside gated_outputs, when the component names some, are left out."""
+        in graph order (where the graph first reaches the module). Outputs outside gated_outputs, when
+        the component names some, are left out. A graph that cannot be read ranks nothing (no repair)."""
         from ..exporters.onnx import output_scopes, scope_nodes
 
         e = next(e for e in entries if e["precision"] == p.value and e["format"] == primary.value)
         src = ((self.states.get(self._id("export")) or {}).get("onnx") or {}).get("fp32")
         if not src:
             return []
-        where = output_scopes(Path(src))
+        try:
+            where = output_scopes(Path(src))
+            first = {scope: i for i, scope in enumerate(scope_nodes(Path(src)))}    # first reached, topologically
+        except Exception as err:        # a diagnosis: it may fail, never the build (an unreadable graph)
+            from ..artifacts.store import is_disk_full
+
+            if is_disk_full(err):
+                raise
+            return None
         gated = set(self.component.gated_outputs or ())
         rows: dict[str, dict] = {}
         for sc in (e.get("parity") or {}).get("outputs") or []:
@@ -637,7 +647,6 @@ class ComponentJobs:
                 row["finite"] = False
             if db is not None and (row["snr_db"] is None or db < row["snr_db"]):
                 row["snr_db"] = db
-        first = {scope: i for i, scope in enumerate(scope_nodes(Path(src)))}    # first reached, topologically
         return sorted(rows.values(), key=lambda r: first.get(r["block"], len(first)))
 
     def _add_sensitivity(self, p: Precision) -> None:
