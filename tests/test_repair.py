@@ -178,6 +178,16 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert step.memory > 0                                # a heavy graph's step holds its estimate on the memory gate
     assert "attribute" not in " ".join(g.jobs)            # no per-block attribution was asked for
 
+    # a graph the ranking cannot read: that search stops with the reason, the build goes on
+    (tmp_path / "bad.onnx").write_bytes(b"not an onnx graph")
+    g2 = JobGraph()
+    bad = ComponentJobs(Run(), "talker_prefill", specs, g2)
+    bad.plan()
+    bad.info, bad.entries = cj.info, cj.entries
+    bad.states["talker_prefill/export"] = {"onnx": {"fp32": str(tmp_path / "bad.onnx")}}
+    assert not bad._maybe_repair()
+    assert bad.repair["w8a16"]["stopped"] == "its fp32 ONNX could not be read to map its outputs to modules"
+
 
 # the 0.6B talker prefill's w8a16 context binary (random weights, 4d07593): each layer's new_key SNR
 PREFILL_KEYS_DB = [39.6, 35.5, 33.4, 32.3, 31.7, 30.7, 30.4, 29.7, 29.4, 29.1, 28.9, 28.7, 28.5, 28.2, 28.1, 27.7,
