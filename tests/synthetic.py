@@ -120,3 +120,21 @@ def write_run(root: Path, m: dict, audio: bool = False) -> Path:
         add_audio(root, m)
     (root / "manifest.json").write_text(json.dumps(m, indent=2))
     return root
+
+
+def stub_run(root: Path, gate_db: float = 30.0):
+    """What jobs.component.ComponentJobs reads of a build run, without one: the demo recipe on s25-htp
+    writing under `root`, one gate for every component and precision, progress lines dropped."""
+    from omni_export.pipeline import RunOptions
+    from omni_export.recipes import get_recipe
+    from omni_export.targets import get_target
+
+    class Run:
+        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), root)
+        store = type("S", (), {"root": root})()
+        progress = type("P", (), {"job_finished": lambda self, label, note: None})()
+
+        def gate(self, component, precision):
+            return gate_db
+
+    return Run()

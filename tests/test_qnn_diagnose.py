@@ -85,25 +85,13 @@ def test_the_build_says_it_the_block_alone_is_attributed_and_the_report_shows_it
     from omni_export.core import BuildSpec, Format, Precision
     from omni_export.jobs.component import ComponentJobs
     from omni_export.jobs.graph import JobGraph
-    from omni_export.pipeline import RunOptions
-    from omni_export.recipes import get_recipe
     from omni_export.reports import write_reports
     from omni_export.reports.markdown import summary
-    from omni_export.targets import get_target
-    from synthetic import build, manifest, write_run
-
-
-    class Run:
-        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
-        store = type("S", (), {"root": tmp_path})()
-        progress = type("P", (), {"job_finished": lambda self, label, note: None})()
-
-        def gate(self, component, precision):
-            return 30.0
+    from synthetic import build, manifest, stub_run, write_run
 
     specs = [BuildSpec("qwen3-tts", "code2wav", Format.CTX, p, "s25-htp") for p in (Precision.FP16, Precision.W8A16)]
     g = JobGraph()
-    cj = ComponentJobs(Run(), "code2wav", specs, g)
+    cj = ComponentJobs(stub_run(tmp_path), "code2wav", specs, g)
     cj.plan()
     cj.info = {"block_chain": True, "block_names": BLOCKS}
     job = g.jobs["code2wav/lower/ctx/w8a16"]

@@ -140,23 +140,13 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     from omni_export.core import BuildSpec, Format
     from omni_export.jobs.component import HEAVY_BYTES, ComponentJobs
     from omni_export.jobs.graph import JobGraph
-    from omni_export.pipeline import RunOptions
-    from omni_export.recipes import get_recipe
-    from omni_export.targets import get_target
+    from synthetic import stub_run
 
     src = _Layers.export(tmp_path / "net.onnx")
 
-    class Run:
-        opts = RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), tmp_path)
-        store = type("S", (), {"root": tmp_path})()
-        progress = type("P", (), {"job_finished": lambda self, label, note: None})()
-
-        def gate(self, component, precision):
-            return 30.0
-
     specs = [BuildSpec("qwen3-tts", "talker_prefill", Format.CTX, Precision.W8A16, "s25-htp")]
     g = JobGraph()
-    cj = ComponentJobs(Run(), "talker_prefill", specs, g)
+    cj = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g)
     cj.plan()
     cj.info = {"block_chain": False, "weight_bytes": HEAVY_BYTES}
     cj.states["talker_prefill/export"] = {"onnx": {"fp32": str(src)}}
@@ -181,7 +171,7 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     # a graph the ranking cannot read: that search stops with the reason, the build goes on
     (tmp_path / "bad.onnx").write_bytes(b"not an onnx graph")
     g2 = JobGraph()
-    bad = ComponentJobs(Run(), "talker_prefill", specs, g2)
+    bad = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g2)
     bad.plan()
     bad.info, bad.entries = cj.info, cj.entries
     bad.states["talker_prefill/export"] = {"onnx": {"fp32": str(tmp_path / "bad.onnx")}}
