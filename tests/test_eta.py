@@ -184,6 +184,35 @@ def test_a_rejections_expected_attribution_and_repair_steps_raise_its_scores_pri
     assert eta.priority()["t/lower/pte/fp16"] == pytest.approx(200) and eta.late == []
 
 
+def test_a_repair_step_that_held_an_end_to_end_row_puts_the_row_after_it_in_the_priority_and_the_eta():
+    """The demo's tail at dfe0b01: the w8a16 row waits for every scoring job, so each .pte lowering
+    ranked lowering + row (46 + 67 s) and Code2Wav's quantize chain (its repair steps and then the row)
+    only its steps: the chain started at 184 s, the row ran last on one core. A late job records the
+    rows it held (`holds`); the next run counts the row below the step."""
+    g = JobGraph()
+    g.add(Job("c/trace", "trace", where="driver", component="c"))
+    g.add(Job("c/quantize/w8a16", "quantize", ("c/trace",), component="c"))
+    g.add(Job("c/lower/pte/w8a16", "lower-pte", ("c/trace",), component="c"))
+    g.add(Job("end-to-end/w8a16", "e2e", ("c/quantize/w8a16", "c/lower/pte/w8a16"), component=None))
+    m = E.CostModel()
+    m.observe([rec("c/trace", "trace", 1.0), rec("c/quantize/w8a16", "quantize", 1.0),
+               rec("c/lower/pte/w8a16", "lower-pte", 46.0), rec("c/repair/w8a16/1", "repair", 60.0),
+               rec("end-to-end/w8a16", "e2e", 67.0)], {"c": MB}, "ck")
+    late = [{"id": "c/repair/w8a16/1", "kind": "repair", "component": "c", "deps": ["c/quantize/w8a16"],
+             "where": "worker", "memory_bytes": 0, "alone": False, "holds": ["end-to-end/w8a16"]}]
+    prio = E.Eta(g, m, "ck", workers=2, budget=None, late=late).priority()
+    assert prio["c/quantize/w8a16"] == pytest.approx(1 + 60 + 67)
+    assert prio["c/quantize/w8a16"] > prio["c/lower/pte/w8a16"] == pytest.approx(46 + 67)
+    # and the projection runs the row after the step: 1 + 1 + 60 + 67, the lowering beside them
+    assert E.Eta(g, m, "ck", workers=2, budget=None, late=late).remaining(now=0.0) == pytest.approx(129)
+    # without the record (a file of before), the row is not below the step, only below the quantize
+    old = [{k: v for k, v in late[0].items() if k != "holds"}]
+    assert E.Eta(g, m, "ck", workers=2, budget=None, late=old).priority()["c/quantize/w8a16"] == pytest.approx(1 + 67)
+    # the record survives the cost model's file (observe, then validation on load)
+    m.observe([], {}, "ck", signature="sig", late=[{**late[0], "state": "done", "seconds": 60.0}])
+    assert E._validated(json.loads(json.dumps({"format": E.FORMAT, "tool": "omni-export", "late": m.late})))["late"]["sig"][0]["holds"] == ["end-to-end/w8a16"]
+
+
 def test_first_run_uses_the_graph_defaults():
     g = JobGraph()
     g.add(Job("a/trace", "trace", where="driver", component="a"))

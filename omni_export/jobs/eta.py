@@ -180,7 +180,7 @@ class CostModel:
         if signature is not None and late is not None:
             self.late.pop(signature, None)
             self.late[signature] = [{k: r.get(k) for k in ("id", "kind", "component", "deps", "where", "memory_bytes",
-                                                            "alone")} for r in late]
+                                                            "alone", "holds")} for r in late]
             _trim(self.late)
 
     def estimate(self, jid: str, kind: str, component: str | None, weight: int | None) -> float | None:
@@ -281,9 +281,10 @@ def _validated(d) -> dict:
         for r in recs:
             if not (isinstance(r, dict) and isinstance(r.get("id"), str) and r.get("kind") in LATE_KINDS
                     and isinstance(r.get("deps"), list) and all(isinstance(x, str) for x in r["deps"])
-                    and r.get("where") in ("driver", "worker") and _num(r.get("memory_bytes") or 0, 0, 1 << 50)):
+                    and r.get("where") in ("driver", "worker") and _num(r.get("memory_bytes") or 0, 0, 1 << 50)
+                    and isinstance(r.get("holds") or [], list) and all(isinstance(x, str) for x in r.get("holds") or [])):
                 raise ValueError("late job malformed")
-            good.append({**r, "alone": bool(r.get("alone"))})
+            good.append({**r, "alone": bool(r.get("alone")), "holds": list(r.get("holds") or [])})
         late[str(k)] = good
     models = {}
     for k, comps in (d.get("models") or {}).items():
@@ -362,6 +363,12 @@ class Eta:
             for r in passed:
                 self.late.remove(r)
 
+    def _holds(self, r: dict, states: dict) -> list[str]:
+        """The end-to-end rows of this graph a late job held in the last run and that still wait (a
+        repair step holds its precision's row, ComponentJobs._hold_e2e): the row runs after the job.
+        Only rows, which nothing waits for, so no edge can close a cycle."""
+        return [h for h in r.get("holds") or [] if states.get(h) == "waiting" and self.graph.jobs[h].kind == "e2e"]
+
     def _late_seconds(self, r: dict) -> float:
         s = self.costs.estimate(self.cost_id(r["id"], r["kind"]), r["kind"], r["component"],
                                 self._weight(r["component"]))
@@ -380,7 +387,7 @@ class Eta:
         late = self._pending_late(states)
         for r, _ in late:
             secs[r["id"]] = self._late_seconds(r)
-            children[r["id"]] = []
+            children[r["id"]] = self._holds(r, states)
         for r, deps in late:
             for d in deps:
                 children[d].append(r["id"])
@@ -409,6 +416,12 @@ class Eta:
                             "seconds": est, "memory_bytes": j.memory, "alone": j.alone})
         late = self._pending_late(states)
         expected = {r["id"] for r, _ in late}
+        held = {}
+        for r, _ in late:
+            for h in self._holds(r, states):
+                held.setdefault(h, []).append(r["id"])
+        for rec in records:
+            rec["deps"] += held.get(rec["id"], [])
         for r, deps in late:
             records.append({"id": r["id"], "deps": [d for d in deps if d in open_ids or d in expected],
                             "where": r["where"], "seconds": self._late_seconds(r),
@@ -419,8 +432,9 @@ class Eta:
 
     def late_records(self) -> list[dict]:
         """The jobs this run added under way (for the next run's first ETA)."""
-        return [{**j.record(), "component": j.component} for j in self.graph.jobs.values()
-                if j.id not in self.initial and j.kind in LATE_KINDS]
+        return [{**j.record(), "component": j.component,
+                 "holds": [c for c in self.graph.children(j.id) if self.graph.jobs[c].kind == "e2e"]}
+                for j in self.graph.jobs.values() if j.id not in self.initial and j.kind in LATE_KINDS]
 
 
 def process_age() -> float | None:
