@@ -227,6 +227,32 @@ def test_local_workers_are_long_lived_and_fresh_jobs_get_a_process_each():
     assert all(r.cpu_s is not None and r.cpu_s >= 0 for r in shared + fresh)
 
 
+def test_two_big_fresh_jobs_at_once_retire_the_idle_long_lived_workers():
+    """A fresh job reserving >= 1 GiB that starts beside another retires the long-lived workers idling
+    meanwhile (the 0.6B peak held two of them beside two DLC compiles); the next ordinary job spawns a
+    new worker. One big fresh job alone retires nothing."""
+    import os
+    import time
+
+    from omni_export.jobs.local import RETIRE_BESIDE_BYTES, LocalExecutor
+
+    ex = LocalExecutor(workers=2)
+    try:
+        warm = [ex.submit(Job(f"w{i}", "x"), os.getpid, ()) for i in range(2)]
+        before = {f.result(timeout=120).value for f in warm}
+        alone = ex.submit(Job("f0", "x", fresh=True, memory=RETIRE_BESIDE_BYTES), time.sleep, (0.2,))
+        alone.result(timeout=120)
+        assert ex.retired == 0
+        first = ex.submit(Job("f1", "x", fresh=True, memory=RETIRE_BESIDE_BYTES), time.sleep, (3,))
+        second = ex.submit(Job("f2", "x", fresh=True, memory=RETIRE_BESIDE_BYTES), os.getpid, ())
+        second.result(timeout=120), first.result(timeout=120)
+        assert ex.retired == 2
+        after = ex.submit(Job("s", "x"), os.getpid, ()).result(timeout=120).value
+    finally:
+        ex.close()
+    assert len(before) == 2 and after not in before
+
+
 @pytest.mark.parametrize("weight_bytes", [1 << 20, 1 << 30])
 def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, weight_bytes):
     """A light model's fp16 row is a job of its own that waits only for the fp16 scores of the format its

@@ -23,6 +23,11 @@ def cores() -> int:
 
 
 WORKER_BYTES = 3 << 29     # what one long-lived worker may come to hold (torch, ExecuTorch, a graph's sessions): 1.5 GiB
+# A fresh job reserving this much that starts while another such job runs retires the idle long-lived
+# workers (the next ordinary job of their slot spawns a new one, ~3 s). At 6537f23 the 0.6B build's peak
+# was two DLC compiles (1.93 GiB each) beside the build process and both slots' idle workers (0.45 +
+# 0.31 GiB of torch, ExecuTorch and a graph kept for the next job): 5.68 GiB, over the 6 GB goal.
+RETIRE_BESIDE_BYTES = 1 << 30
 
 
 def default_workers() -> int:
@@ -98,7 +103,9 @@ class LocalExecutor:
         self.threads = threads or len(self.cores[0])
         self._pools: list[cf.ProcessPoolExecutor | None] = [None] * self.slots
         self._running: list[cf.Future | None] = [None] * self.slots
+        self._reserved = [0] * self.slots            # the memory estimate of each slot's fresh job, else 0
         self._fresh: set[cf.ProcessPoolExecutor] = set()
+        self.retired = 0                             # idle workers retired beside two big fresh jobs
 
     def describe(self) -> dict:
         return {"executor": self.name, "workers": self.slots, "threads_per_worker": self.threads}
@@ -115,8 +122,13 @@ class LocalExecutor:
     def submit(self, job, fn, args) -> cf.Future:
         # a slot is free once its last job's future is done (the scheduler never runs more jobs than slots)
         i = next(k for k, f in enumerate(self._running) if f is None or f.done())
+        big = job.memory if job.fresh else 0
+        if big >= RETIRE_BESIDE_BYTES and any(r >= RETIRE_BESIDE_BYTES and f is not None and not f.done()
+                                              for r, f in zip(self._reserved, self._running)):
+            self._retire_idle(i)
         pool = self._pool(i, job.fresh, f"{job.kind} job process" if job.fresh else "job worker")
         fut = self._running[i] = pool.submit(call, fn, args)
+        self._reserved[i] = big
         if job.fresh:
             self._fresh.add(pool)
 
@@ -127,6 +139,16 @@ class LocalExecutor:
                 pool.shutdown(wait=False)
             fut.add_done_callback(close)
         return fut
+
+    def _retire_idle(self, slot: int) -> None:
+        """Shut down the long-lived workers that have no job now: `slot`'s (its slot is taken by a
+        fresh job) and those of slots running a fresh job."""
+        for k, pool in enumerate(self._pools):
+            f = self._running[k]
+            if pool is not None and (k == slot or (self._reserved[k] and f is not None and not f.done())):
+                pool.shutdown(wait=False)
+                self._pools[k] = None
+                self.retired += 1
 
     def close(self, abort: bool = False) -> None:
         pools = [p for p in self._pools if p is not None] + list(self._fresh)
