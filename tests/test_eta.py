@@ -213,6 +213,23 @@ def test_a_repair_step_that_held_an_end_to_end_row_puts_the_row_after_it_in_the_
     assert E._validated(json.loads(json.dumps({"format": E.FORMAT, "tool": "omni-export", "late": m.late})))["late"]["sig"][0]["holds"] == ["end-to-end/w8a16"]
 
 
+def test_without_a_past_run_of_the_plan_a_quantized_scores_possible_follow_ups_rank_it_first():
+    """A first run (no cost history: a new user's demo) knows no late jobs; a score that may add
+    attribution and repair steps (Job.tail) ranks them and the row they would hold below it. Once a
+    past run of the plan said what came (even nothing), its record decides instead."""
+    g = JobGraph()
+    g.add(Job("c/trace", "trace", where="driver", component="c"))
+    g.add(Job("c/score/ctx/w8a16", "score-htp", ("c/trace",), component="c", tail=60.0))
+    g.add(Job("c/lower/pte/w8a16", "lower-pte", ("c/trace",), component="c"))
+    g.add(Job("end-to-end/w8a16", "e2e", ("c/score/ctx/w8a16", "c/lower/pte/w8a16")))
+    first = E.Eta(g, E.CostModel(), "ck", workers=2, budget=None, late=None).priority()
+    d = __import__("omni_export.jobs.graph", fromlist=["DEFAULT_SECONDS"]).DEFAULT_SECONDS
+    assert first["c/score/ctx/w8a16"] == pytest.approx(d["score-htp"] + 60 + d["e2e"])
+    assert first["c/score/ctx/w8a16"] > first["c/lower/pte/w8a16"] == pytest.approx(d["lower-pte"] + d["e2e"])
+    known = E.Eta(g, E.CostModel(), "ck", workers=2, budget=None, late=[]).priority()
+    assert known["c/score/ctx/w8a16"] == pytest.approx(d["score-htp"] + d["e2e"])
+
+
 def test_first_run_uses_the_graph_defaults():
     g = JobGraph()
     g.add(Job("a/trace", "trace", where="driver", component="a"))

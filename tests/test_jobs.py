@@ -266,6 +266,10 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     # precision repair on: a quantized row waits for every build (the last of a component's jobs decides
     # its repair, whose jobs then hold the row); fp16 is never repaired
     rows, scores, cj = _e2e_rows(tmp_path, weight_bytes, "auto")
+    # a quantized ONNX-family score may add attribution and repair before the row (Job.tail, the first
+    # run's priority); fp16 scores and .pte scores add none
+    tails = {s: cj.graph.jobs[s].tail for s in scores if cj.graph.jobs[s].kind != "score-shared"}
+    assert tails and all((t > 0) == ("/w8a16" in s and "/pte/" not in s) for s, t in tails.items()), tails
     if weight_bytes < HEAVY:
         assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
         assert set(rows["end-to-end/w8a16"].deps) == scores

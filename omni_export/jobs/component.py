@@ -115,6 +115,9 @@ class ComponentJobs:
             return
         if j.kind in SECONDS_PER_GIB:
             j.seconds = max(j.estimate, SECONDS_PER_GIB[j.kind] * wb / 2**30)
+        if j.tail:
+            _, _, fmt, prec = j.id.split("/")
+            j.tail = self._tail(next(b for b in self.builds if (b.format.value, b.precision.value) == (fmt, prec)), wb)
         kind = MEMORY_KIND.get(j.kind)
         if j.where == "worker" and kind:
             j.fresh = True
@@ -174,10 +177,23 @@ class ComponentJobs:
                 self._add(Job(self._id("score", b.format.value, b.precision.value), kind, (lower_id,),
                               label=f"{c}: score {b.format.value} {b.precision.value}",
                               bind=lambda jobs, i=i, lower_id=lower_id: self._bind_score(jobs, i, lower_id),
-                              done=lambda job, i=i: self._scored(job, i)))
+                              done=lambda job, i=i: self._scored(job, i), tail=self._tail(b)))
         if self.run.opts.attribution == "all":
             for p in _attribution_precisions(self.builds):
                 self._add_attribution(p, on_cpu=False)
+
+    def _tail(self, b: BuildSpec, weight_bytes: int = 0) -> float:
+        """What a rejection of this build may add before its precision's end-to-end row (Job.tail):
+        attribution and --repair-steps steps, by the graph defaults. A first run has no past run to
+        say so, and without it the demo ran its .pte lowerings (each below the w8a16 row) before
+        Code2Wav's quantize chain, whose attribution and three steps then held the row to the end."""
+        from .graph import DEFAULT_SECONDS, SECONDS_PER_GIB
+
+        opts = self.run.opts
+        if opts.repair == "off" or not b.precision.quantized or b.format == Format.PTE:
+            return 0.0
+        attribute = max(DEFAULT_SECONDS["attribute"], SECONDS_PER_GIB["attribute"] * weight_bytes / 2**30)
+        return attribute + opts.repair_steps * DEFAULT_SECONDS["repair"]
 
     def _ctx_sibling(self, b: BuildSpec) -> BuildSpec | None:
         if b.format != Format.DLC:

@@ -314,7 +314,8 @@ class Eta:
         self.weight_of = weight_of or (lambda component: None)     # a component's weight bytes, once traced
         self.workers, self.budget = workers, budget
         self.initial = set(graph.jobs)
-        self.late = [r for r in late if r["id"] not in graph.jobs]
+        self.late = [r for r in late or () if r["id"] not in graph.jobs]
+        self.known = late is not None          # a past run of this plan said which jobs it added (maybe none)
         self.started = time.time()
         self._memo: dict[str, tuple] = {}
 
@@ -391,6 +392,15 @@ class Eta:
         for r, deps in late:
             for d in deps:
                 children[d].append(r["id"])
+        if not self.known:
+            # no past run of this plan: a job that may add follow-ups (Job.tail) has them below it, and
+            # the end-to-end rows they would hold after them
+            for jid, j in self.graph.jobs.items():
+                if j.tail > 0 and j.state == "waiting":
+                    v = f"{jid}#may-add"
+                    secs[v] = j.tail
+                    children[v] = [c for c in children[jid] if self.graph.jobs[c].kind == "e2e"]
+                    children[jid] = children[jid] + [v]
         rem = longest_below(children, secs)
         return {jid: rem[jid] for jid in self.graph.jobs}
 
@@ -601,7 +611,7 @@ def start(build, the_plan, graph, executor, gate) -> EtaReport | None:
     """The plan lines and the first ETA, before the first job starts (only the plan lines when every
     component was reused: nothing to run)."""
     build.signature = build_signature(build, the_plan)     # before the graph runs: which were reused
-    late = build.costs.late.get(build.signature, [])
+    late = build.costs.late.get(build.signature)        # None: no run of this plan finished before
     workers = executor.slots if executor is not None else 0
 
     def weight_of(component: str | None):

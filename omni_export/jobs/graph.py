@@ -20,7 +20,7 @@ from typing import Any, Callable
 # depends on them (longest remaining chain first), never a result. From the demo build at 0482a29.
 DEFAULT_SECONDS = {"trace": 5.0, "export": 4.0, "fp16": 2.0, "quantize": 3.0, "lower": 3.0, "lower-pte": 15.0,
                    "lower-ctx": 3.0, "lower-dlc": 2.0, "score": 4.0, "score-htp": 10.0, "attribute": 20.0,
-                   "e2e": 30.0, "record": 2.0}
+                   "e2e": 30.0, "record": 2.0, "repair": 10.0}
 # Seconds per GiB of a graph's fp32 weights, for the jobs of a graph past 256 MB (component.HEAVY_BYTES),
 # whose jobs take minutes, not the demo's seconds. Rounded from the 0.6B talker graphs (1.7 GiB) at
 # 98f3437e and 3a3aed8: the simulator's runs of 2 held-out samples 48-281 s, .pte lowering 250-350 s,
@@ -47,6 +47,9 @@ class Job:
     fresh: bool = False                      # a fresh worker process for this job alone
     seconds: float | None = None             # an estimate for the critical path (DEFAULT_SECONDS)
     after_all: bool = False                  # runs once its deps ended, failed or not (end-to-end rows)
+    tail: float = 0.0                        # seconds of jobs it may add before the end-to-end rows below it
+                                             # (a quantized score: attribution, repair steps), counted by the
+                                             # priority while no past run of the plan says what came (eta.Eta)
     key_of: Callable[[], str | None] | None = None   # its content key, once bound (jobs/results.py)
     # filled as it runs
     state: str = "waiting"                   # waiting | running | done | failed
