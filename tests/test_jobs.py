@@ -271,8 +271,8 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     tails = {s: cj.graph.jobs[s].tail for s in scores if cj.graph.jobs[s].kind != "score-shared"}
     assert tails and all((t > 0) == ("/w8a16" in s and "/pte/" not in s) for s, t in tails.items()), tails
     if weight_bytes < HEAVY:
-        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
-        assert set(rows["end-to-end/w8a16"].deps) == scores
+        assert set(rows["end-to-end/fp16/part1"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+        assert set(rows["end-to-end/w8a16/part2"].deps) == scores
     else:
         [job] = rows.values()
         assert set(job.deps) == scores
@@ -282,8 +282,8 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
         cj._add(Job(jid, "repair", ("code2wav/export",)))
     held = {"code2wav/attribute/w8a16", "code2wav/repair/w8a16/1", "code2wav/lower/ctx/w8a16-mixed"}
     if weight_bytes < HEAVY:
-        assert held <= set(rows["end-to-end/w8a16"].deps)
-        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+        assert all(held <= set(rows[f"end-to-end/w8a16/part{k}"].deps) for k in (1, 2))
+        assert set(rows["end-to-end/fp16/part2"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
     else:
         assert held <= set(job.deps) and "code2wav/attribute/fp16" not in job.deps
 
@@ -330,9 +330,13 @@ def _assert_rows(rows, scores, weight_bytes):
     from omni_export.jobs.component import HEAVY_BYTES as HEAVY
 
     if weight_bytes < HEAVY:
-        assert set(rows) == {"end-to-end/fp16", "end-to-end/w8a16"}
-        assert set(rows["end-to-end/fp16"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
-        assert set(rows["end-to-end/w8a16"].deps) == {s for s in scores if s.endswith("/ctx/w8a16")}
+        # each row in E2E_PARTS jobs, a share of the prompts each (the recipe merges them)
+        from omni_export.jobs.e2e import E2E_PARTS
+
+        assert E2E_PARTS == 2 and set(rows) == {f"end-to-end/{p}/part{k}" for p in ("fp16", "w8a16") for k in (1, 2)}
+        for k in (1, 2):
+            assert set(rows[f"end-to-end/fp16/part{k}"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
+            assert set(rows[f"end-to-end/w8a16/part{k}"].deps) == {s for s in scores if s.endswith("/ctx/w8a16")}
         assert all(j.memory == 0 and not j.fresh for j in rows.values())
     else:
         [job] = rows.values()

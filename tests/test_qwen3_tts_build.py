@@ -127,6 +127,29 @@ def test_end_to_end_parity_is_recorded_and_gated(build):
     assert "End to end" in (out / "report.md").read_text() or "end-to-end" in (out / "report.md").read_text().lower()
 
 
+def test_a_row_run_as_parts_of_the_prompts_merges_to_the_row_of_one_run(build):
+    """The build runs a light model's row as jobs/e2e.E2E_PARTS jobs, a share of the held-out prompts
+    each (the demo's w8a16 row ran 67 s on one core at the end of the build); merged, the parts give
+    the row one run gives, prompt order and all."""
+    from pathlib import Path
+
+    from omni_export.core import RANDOM_WEIGHTS
+    from omni_export.progress import Progress
+    from omni_export.recipes import get_recipe, load_model
+    from omni_export.recipes.qwen3_tts import e2e
+
+    _, out = build
+    m = read_manifest(out)
+    model = load_model(get_recipe("qwen3-tts"), Path(m["checkpoint"]["path"]),
+                       {**m["options"]["recipe_options"], RANDOM_WEIGHTS: False}, out)
+    n = len(model.requests("heldout"))
+    whole = e2e.run(model, out, m, {"ort": ("fp16",)}, Progress())
+    parts = [e2e.run(model, out, m, {"ort": ("fp16",)}, Progress(), part=(k, 2)) for k in range(2)]
+    assert n >= 2 and [len(p[0]["_part"]["reference"]) for p in parts] == [len(range(k, n, 2)) for k in range(2)]
+    assert "verdict" not in parts[0][0] and whole[0]["verdict"] == "accepted"
+    assert e2e.merge(parts) == whole
+
+
 def test_calibration_comes_from_the_pipeline_itself(build):
     _, out = build
     comps = read_manifest(out)["components"]

@@ -101,7 +101,7 @@ class ComponentJobs:
         if p is None or not p.quantized:
             return                            # an fp16 attribution repairs nothing: no row waits for it
         for j in list(self.graph.jobs.values()):
-            if j.kind == "e2e" and j.state == "waiting" and p.value in j.id.split("/", 1)[-1].split("+"):
+            if j.kind == "e2e" and j.state == "waiting" and p.value in j.id.split("/")[1].split("+"):
                 self.graph.hold(j.id, job.id)
 
     def _sized(self, j: Job) -> None:

@@ -26,6 +26,10 @@ from .graph import Job
 # weights, read memory-mapped) peaked at 2.14 GiB at 3a3aed8. 3 (as it was) held 16 GB on the gate,
 # and no other heavy job could run beside the row.
 E2E_MEMORY_FACTOR = 0.6
+# A light model's row as this many jobs, each a share of the held-out prompts, when its recipe can merge
+# them (Recipe.end_to_end_merge). The demo's w8a16 row waits for every build and repair step and
+# then ran 67 s on one core at the end of the build, the other idle (dfe0b01).
+E2E_PARTS = 2
 # No estimate scaled to the weights for the row: it is the graph's last job, and a long one put
 # every job feeding ORT CPU (the row's runner at real size) ahead of the simulator's chains.
 
@@ -38,6 +42,7 @@ class EndToEndJobs:
         self.runners: dict = {}
         self.note: str | None = None
         self._parts: dict[str, list[dict]] = {}
+        self._pieces: dict[str, dict[int, list[dict]]] = {}     # a row's parts so far (E2E_PARTS)
 
     # ---- plan, once every trace is done
     def plan(self) -> None:
@@ -63,6 +68,7 @@ class EndToEndJobs:
         precisions = sorted({p for ps in self.runners.values() for p in ps}, key=[q.value for q in Precision].index)
         heavy = bool(record.heavy(snap))
         groups = [tuple(precisions)] if heavy else [(p,) for p in precisions]
+        parts = E2E_PARTS if opts.recipe.end_to_end_merge and not heavy else 1
         weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
         # the scores of the builds a row drives: its runners' formats at its precisions, and the fp32
         # builds a graph kept on the CPU runs (onnx, or pte for the pte runner)
@@ -81,15 +87,18 @@ class EndToEndJobs:
                 or (repairs and j.kind == "attribute"))
             runners = {k: tuple(p for p in ps if p in group) for k, ps in self.runners.items()}
             runners = {k: v for k, v in runners.items() if v}
-            name = "end-to-end/" + "+".join(group)
-            meter = self.run.store.root / STAGING / f"frames-{'+'.join(group)}.json"   # its frames, for the heartbeat
-            self.run.frame_files[name] = str(meter)
-            self.graph.add(Job(name, "e2e", deps, label=f"end-to-end: {', '.join(group)} on "
-                                                          f"{', '.join(runners)}",
-                               bind=lambda jobs, r=runners, m=str(meter): self._bind(r, m),
-                               done=lambda job, g=group: self._done(job, g),
-                               memory=int(E2E_MEMORY_FACTOR * weights) if heavy else 0, fresh=heavy,
-                               after_all=True))
+            for k in range(parts):
+                part = (k, parts) if parts > 1 else None
+                tag = "+".join(group) + (f"/part{k + 1}" if part else "")
+                name = "end-to-end/" + tag
+                meter = self.run.store.root / STAGING / f"frames-{tag.replace('/', '-')}.json"   # for the heartbeat
+                self.run.frame_files[name] = str(meter)
+                self.graph.add(Job(name, "e2e", deps, label=f"end-to-end: {', '.join(group)} on {', '.join(runners)}"
+                                                            + (f" (prompts part {k + 1} of {parts})" if part else ""),
+                                   bind=lambda jobs, r=runners, m=str(meter), part=part: self._bind(r, m, part),
+                                   done=lambda job, g=group, part=part: self._done(job, g, part),
+                                   memory=int(E2E_MEMORY_FACTOR * weights) if heavy else 0, fresh=heavy,
+                                   after_all=True))
 
     def snapshot(self, planned: bool = False) -> dict:
         """The manifest as far as the build has come: every component's record (finished ones) or its
@@ -113,25 +122,37 @@ class EndToEndJobs:
                 (b.previous or {}).get("checkpoint") or b.model().info)   # a resumed run's record may lack it
         return record.manifest(b.opts, info, self.plan_, entries, components, 0.0)
 
-    def _bind(self, runners: dict, meter: str | None = None):
+    def _bind(self, runners: dict, meter: str | None = None, part: tuple[int, int] | None = None):
         from . import work
 
         b = self.run
         return work.end_to_end, (b.opts.recipe.name, b.checkpoint_path(), json.dumps(b.recipe_options),
-                                 str(b.store.root), json.dumps(self.snapshot()), runners, meter)
+                                 str(b.store.root), json.dumps(self.snapshot()), runners, meter, part)
 
-    def _done(self, job: Job, group: tuple) -> None:
+    def _done(self, job: Job, group: tuple, part: tuple[int, int] | None = None) -> None:
         from ..progress import StageNote
+        from ..recipes import load_callable
         from .record import failed_e2e_row
 
-        if job.error is not None:
+        failed = job.error is not None
+        if failed:
             rows = [failed_e2e_row(self.runners, group, job.error)]
             job.state, job.error = "done", None
         else:
             rows, notes = job.result["rows"], job.result["notes"]
             for n in notes:
                 self.run.progress.note(n)
-        self._parts[",".join(group)] = rows
+        key = ",".join(group)
+        if part is not None:
+            # a share of the prompts: the row is scored once every part has come (a failed part fails it)
+            got = self._pieces.setdefault(key, {})
+            got[part[0]] = (rows, failed)
+            if len(got) < part[1]:
+                return
+            pieces = [got[k] for k in range(part[1])]
+            bad = next((r for r, f in pieces if f), None)
+            rows = bad if bad is not None else load_callable(self.run.opts.recipe.end_to_end_merge)([r for r, _ in pieces])
+        self._parts[key] = rows
         for r in rows:
             note = StageNote()
             note.failed = r.get("verdict") == "rejected"

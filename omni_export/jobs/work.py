@@ -262,10 +262,11 @@ def sensitivity(ref: GraphRef, states: list[dict], precision: str, limit: int, g
 
 
 def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: str, runners: dict,
-               meter: str | None = None) -> dict:
+               meter: str | None = None, part: tuple[int, int] | None = None) -> dict:
     """The recipe's end-to-end rows for `runners` over the builds in OUT that `manifest` lists; the
     model loaded here (weights per graph as the rows need them). {"rows", "notes"}. The host loops'
-    frames done / total go to the file `meter` (progress.FrameFile), for the build's heartbeat."""
+    frames done / total go to the file `meter` (progress.FrameFile), for the build's heartbeat.
+    `part` (k, n): the recipe's part k of n of the held-out prompts (Recipe.end_to_end_merge)."""
     import contextlib
 
     from ..progress import FrameFile, Progress, frame_sink
@@ -283,5 +284,6 @@ def end_to_end(recipe: str, checkpoint: str, options: str, out: str, manifest: s
     model = load_model(r, Path(checkpoint), {**json.loads(options), RANDOM_WEIGHTS: False}, Path(out))
     progress = Notes()
     with frame_sink(FrameFile(meter)) if meter else contextlib.nullcontext():
-        rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress)
+        kw = {"part": tuple(part)} if part is not None else {}
+        rows = load_callable(r.end_to_end)(model, Path(out), json.loads(manifest), runners, progress, **kw)
     return {"rows": rows, "notes": progress.notes}

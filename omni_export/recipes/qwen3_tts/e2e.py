@@ -50,8 +50,10 @@ def _why_skipped(manifest: dict, missing: list[str], precision: str) -> str:
     return "; ".join(parts)
 
 
-def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
-    """runners: {runner kind (ort | htp | pte): precisions}; returns one row per (precision, runner)."""
+def run(model, out_dir, manifest: dict, runners: dict, progress, part: tuple[int, int] | None = None) -> list[dict]:
+    """runners: {runner kind (ort | htp | pte): precisions}; returns one row per (precision, runner).
+    `part` (k, n): only the held-out prompts k, k + n, ...; each row then carries what `merge` scores
+    over the parts (`_part`), not its verdict -- the build runs a light model's row as n jobs at once."""
     from ...runtime.graphs import BuildGraphs, EagerGraphs, accepted
 
     if int(model.options["e2e-frames"]) == 0:
@@ -69,10 +71,13 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
         return [{"runner": runner, "precision": prec, "prompts": n, "threshold": CODE_AGREEMENT_MIN,
                  "tie_margin": TIE_MARGIN, "verdict": "skipped", "reason": _why_skipped(manifest, missing, prec)}
                 for runner, prec, missing in plan]
+    requests = model.requests("heldout")
+    if part is not None:
+        requests = requests[part[0]::part[1]]
     with progress.stage("end-to-end: fp32 reference pipeline on the held-out prompts"):
         eager = EagerGraphs(model)
-        reference = _free_running(model, eager)
-        margins = [_teacher_forced(model, eager, req, codes)[1] for req, (codes, _) in zip(model.requests("heldout"), reference)]
+        reference = _free_running(model, eager, requests)
+        margins = [_teacher_forced(model, eager, req, codes)[1] for req, (codes, _) in zip(requests, reference)]
     # The fp32 modules are done: each holds its own copy of its weights (2.5 GB at 0.6B), which
     # otherwise sat beside every runner's sessions below.
     del eager
@@ -95,22 +100,43 @@ def run(model, out_dir, manifest: dict, runners: dict, progress) -> list[dict]:
             built = BuildGraphs(out_dir, runner, prec, manifest=manifest,
                                 max_open_bytes=int(avail * 0.8) if avail else None, lean=True)
             try:
-                free = _free_running(model, built)
-                forced = [_teacher_forced(model, built, req, codes)[0]
-                          for req, (codes, _) in zip(model.requests("heldout"), reference)]
+                free = _free_running(model, built, requests)
+                forced = [_teacher_forced(model, built, req, codes)[0] for req, (codes, _) in zip(requests, reference)]
             finally:
                 built.close()
         if built.repaired:
             row["repaired"] = dict(sorted(built.repaired.items()))
         if runner == "ort":
             row["ort_sessions"] = "lean (basic graph optimizations, no memory arena)"
-        rows.append({**row, **_score(reference, margins, free, forced)})
+        if part is not None:
+            rows.append({**row, "_part": {"reference": reference, "margins": margins, "free": free, "forced": forced}})
+        else:
+            rows.append({**row, **_score(reference, margins, free, forced)})
     return rows
 
 
-def _free_running(model, graphs) -> list[tuple[np.ndarray, np.ndarray]]:
+def merge(parts: list[list[dict]]) -> list[dict]:
+    """One row per (runner, precision) from the rows of `run`'s parts (each part's rows in the same
+    order): the verdict over every prompt, as one job would have scored it."""
+    rows = []
+    for same in zip(*parts):
+        data = [r.get("_part") for r in same]
+        row = {k: v for k, v in same[0].items() if k != "_part"}
+        if any(d is None for d in data):            # skipped (the same in every part)
+            rows.append(row)
+            continue
+        # part k held prompts k, k + n, ...: back in prompt order
+        n, total = len(data), sum(len(d["reference"]) for d in data)
+        joined = {k: [data[i % n][k][i // n] for i in range(total)] for k in ("reference", "margins", "free", "forced")}
+        row["prompts"] = sum(r["prompts"] for r in same)
+        row["frames"] = int(sum(len(c) for c, _ in joined["reference"]))
+        rows.append({**row, **_score(joined["reference"], joined["margins"], joined["free"], joined["forced"])})
+    return rows
+
+
+def _free_running(model, graphs, requests=None) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
-    for req in model.requests("heldout"):
+    for req in model.requests("heldout") if requests is None else requests:
         gen, wav = model.synthesize(graphs, req, model.gen_options(greedy=True, max_frames=int(model.options["e2e-frames"])))
         out.append((gen.codes, wav if wav is not None else np.zeros(0, np.float32)))
     return out

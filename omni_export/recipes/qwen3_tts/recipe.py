@@ -162,6 +162,7 @@ RECIPE = Recipe(
     loader="omni_export.recipes.qwen3_tts.model:load",
     tiny="omni_export.recipes.qwen3_tts.checkpoint:write_checkpoint",
     end_to_end="omni_export.recipes.qwen3_tts.e2e:run",
+    end_to_end_merge="omni_export.recipes.qwen3_tts.e2e:merge",
     synth="omni_export.recipes.qwen3_tts.synth",
     bundle="omni_export.recipes.qwen3_tts.bundle:host",
     # prefill and decode graphs of the same weights: one context binary each on AI Hub (link jobs)
