@@ -5,8 +5,9 @@ They are planned once every component's trace is done (their runner depends on t
 sizes, `record.e2e_runners`). A job waits only for the scores of the builds it drives: its runner's
 format at its precisions, and the fp32 builds a graph kept on the CPU runs. Light models: one job per
 precision -- the demo's fp16 row on the HTP simulator runs while the .pte and w8a16 builds are still
-lowered. Models with a graph past HEAVY_BYTES: one job for every precision on ORT CPU (the recipe
-computes its fp32 reference pipeline once per job, minutes and GBs at real size).
+lowered. Models with a graph past HEAVY_BYTES: one row job for every precision on ORT CPU (the recipe
+computes its fp32 reference pipeline once per job, minutes and GBs at real size). Either way, when the
+recipe can merge them, a row job is E2E_PARTS jobs over shares of the held-out prompts.
 
 A job is a plain function of its inputs: the recipe, the checkpoint the driver resolved, the recipe
 options, OUT, a snapshot of the manifest with the builds scored so far and the runners. The worker
@@ -26,9 +27,11 @@ from .graph import Job
 # weights, read memory-mapped) peaked at 2.14 GiB at 3a3aed8. 3 (as it was) held 16 GB on the gate,
 # and no other heavy job could run beside the row.
 E2E_MEMORY_FACTOR = 0.6
-# A light model's row as this many jobs, each a share of the held-out prompts, when its recipe can merge
-# them (Recipe.end_to_end_merge). The demo's w8a16 row waits for every build and repair step and
-# then ran 67 s on one core at the end of the build, the other idle (dfe0b01).
+# A row as this many jobs, each a share of the held-out prompts, when its recipe can merge them
+# (Recipe.end_to_end_merge). The demo's w8a16 row waits for every build and repair step and then ran
+# 67 s on one core at the end of the build, the other idle (dfe0b01); the 0.6B build's one row for
+# every precision ran last the same way (115 s at 4bce34b). Each prompt's fp32 reference is still
+# computed once (in the part that holds it).
 E2E_PARTS = 2
 # No estimate scaled to the weights for the row: it is the graph's last job, and a long one put
 # every job feeding ORT CPU (the row's runner at real size) ahead of the simulator's chains.
@@ -68,7 +71,7 @@ class EndToEndJobs:
         precisions = sorted({p for ps in self.runners.values() for p in ps}, key=[q.value for q in Precision].index)
         heavy = bool(record.heavy(snap))
         groups = [tuple(precisions)] if heavy else [(p,) for p in precisions]
-        parts = E2E_PARTS if opts.recipe.end_to_end_merge and not heavy else 1
+        parts = E2E_PARTS if opts.recipe.end_to_end_merge else 1
         weights = sum(int(c.get("weight_bytes") or 0) for c in snap["components"].values())
         # the scores of the builds a row drives: its runners' formats at its precisions, and the fp32
         # builds a graph kept on the CPU runs (onnx, or pte for the pte runner)
