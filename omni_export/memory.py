@@ -191,6 +191,18 @@ ALONE_STEPS = frozenset({"qnn-compile", "quantize", "qnn-htp"})
 ALONE_MIN_BYTES = 2 << 30
 
 
+# Steps that run one at a time among themselves when their reservation comes to LANE_MIN_BYTES, beside
+# any other job: ExecuTorch lowerings. At 4bce34b the 0.6B build's peak was the talker prefill's and
+# decode's fp16 .pte lowerings at once (2.82 + 1.97 GiB RssAnon) beside the build process: 5.62 GiB.
+LANE_STEPS = frozenset({"pte-lower"})
+LANE_MIN_BYTES = 1 << 30
+
+
+def lane(kind: str, nbytes: int) -> str | None:
+    """The lane a heavy step of this kind and reservation runs in (one job of a lane at a time), or None."""
+    return kind if kind in LANE_STEPS and nbytes >= LANE_MIN_BYTES else None
+
+
 def runs_alone(kind: str, nbytes: int) -> bool:
     """Whether a heavy step of this kind and reservation runs with nothing else heavy beside it."""
     return kind in ALONE_STEPS and nbytes >= ALONE_MIN_BYTES

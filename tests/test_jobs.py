@@ -162,6 +162,28 @@ def test_heavy_alone_jobs_never_overlap_other_heavy_jobs_but_light_jobs_go_on():
     assert ex.most_heavy == 1 and ex.most >= 2
 
 
+def test_jobs_of_one_lane_run_one_at_a_time_beside_other_heavy_jobs():
+    """Big ExecuTorch lowerings (memory.lane): at 4bce34b two 0.6B talker .pte lowerings at once set the
+    build's peak. A lane's jobs never overlap each other; other heavy jobs still run beside them, and the
+    wall projection follows the same rule."""
+    from omni_export.memory import LANE_MIN_BYTES, lane, step_bytes
+
+    assert lane("pte-lower", step_bytes("pte-lower", int(1.66 * 2**30))) == "pte-lower"
+    assert lane("pte-lower", LANE_MIN_BYTES - 1) is None and lane("qnn-dlc", 10 * LANE_MIN_BYTES) is None
+    log: list = []
+    g = JobGraph()
+    for i in range(3):
+        g.add(Job(f"pte{i}", "x", memory=10, lane="pte-lower", bind=lambda jobs, i=i: (sleeper, (0.05, log, f"p{i}"))))
+    g.add(Job("sim", "x", memory=10, bind=lambda jobs: (sleeper, (0.2, log, "sim"))))
+    ex = ThreadExecutor(3)
+    Scheduler(g, ex, MemoryGate(budget=1000)).run()
+    events = [e for e in log if e[1].startswith("p")]
+    assert all(events[k][0] == "start" and events[k + 1] == ("end", events[k][1]) for k in range(0, len(events), 2))
+    assert ex.most_heavy == 2                      # the other heavy job beside a lowering
+    rec = [{"id": f"p{i}", "deps": [], "seconds": 2.0, "where": "worker", "lane": "pte-lower"} for i in range(2)]
+    assert project_wall(rec, 2) == 4.0 and project_wall([{**r, "lane": None} for r in rec], 2) == 2.0
+
+
 def test_a_memory_budget_lets_heavy_jobs_overlap_only_while_they_fit():
     g = JobGraph()
     for i in range(4):
@@ -375,7 +397,7 @@ def test_a_heavy_graphs_waiting_worker_jobs_are_sized_to_its_weights(tmp_path):
     from omni_export.jobs.component import HEAVY_BYTES as HEAVY, MEMORY_KIND
     from omni_export.memory import step_bytes
 
-    for weight_bytes in (1 << 20, 2 * HEAVY):
+    for weight_bytes in (1 << 20, 2 * HEAVY, 1 << 31):
         _, _, cj = _e2e_rows(tmp_path / str(weight_bytes), weight_bytes, "off")
         jobs = [j for j in cj.graph.jobs.values() if j.id.startswith("code2wav/") and j.where == "worker"
                 and MEMORY_KIND.get(j.kind) and j.state == "waiting"]
@@ -386,3 +408,5 @@ def test_a_heavy_graphs_waiting_worker_jobs_are_sized_to_its_weights(tmp_path):
                 assert not j.fresh and not j.memory, j.id
             else:
                 assert j.fresh and j.memory == step_bytes(MEMORY_KIND[j.kind], weight_bytes) > 0, j.id
+                # a big lowering runs in its lane (one at a time): the 2 GiB graph's, not the 512 MB one's
+                assert (j.lane == "pte-lower") == (j.kind == "lower-pte" and weight_bytes == 1 << 31), j.id

@@ -107,7 +107,7 @@ class ComponentJobs:
     def _sized(self, j: Job) -> None:
         """A waiting job of a graph past HEAVY_BYTES: an estimate scaled to its weights, and (a worker's
         step) a process of its own holding its estimated peak on the memory gate."""
-        from ..memory import runs_alone, step_bytes
+        from ..memory import lane, runs_alone, step_bytes
         from .graph import SECONDS_PER_GIB
 
         wb = self.info.get("weight_bytes", 0) if self.info else 0
@@ -123,6 +123,7 @@ class ComponentJobs:
             j.fresh = True
             j.memory = step_bytes(kind, wb)
             j.alone = runs_alone(kind, j.memory)
+            j.lane = lane(kind, j.memory)
 
     def _id(self, *parts) -> str:
         return "/".join((self.name,) + tuple(str(p) for p in parts))

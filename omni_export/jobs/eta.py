@@ -423,7 +423,7 @@ class Eta:
                 est = max(est - elapsed, 0.25 * (elapsed - est), 0.05 * est, 0.5)
                 first.add(j.id)
             records.append({"id": j.id, "deps": [d for d in j.deps if d in open_ids], "where": j.where,
-                            "seconds": est, "memory_bytes": j.memory, "alone": j.alone})
+                            "seconds": est, "memory_bytes": j.memory, "alone": j.alone, "lane": j.lane})
         late = self._pending_late(states)
         expected = {r["id"] for r, _ in late}
         held = {}

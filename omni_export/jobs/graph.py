@@ -44,6 +44,7 @@ class Job:
     done: Callable[["Job"], None] | None = None      # driver-side, once it ended (result or error)
     memory: int = 0                          # bytes reserved while it runs (0: a light job)
     alone: bool = False                      # a heavy step that runs with nothing else heavy beside it
+    lane: str | None = None                  # at most one running job per lane (memory.lane: big lowerings)
     fresh: bool = False                      # a fresh worker process for this job alone
     seconds: float | None = None             # an estimate for the critical path (DEFAULT_SECONDS)
     after_all: bool = False                  # runs once its deps ended, failed or not (end-to-end rows)
@@ -69,7 +70,8 @@ class Job:
     def record(self) -> dict:
         """What the manifest keeps of a finished job (durations for the what-if view)."""
         return {"id": self.id, "kind": self.kind, "deps": list(self.deps), "where": self.where,
-                "memory_bytes": self.memory, "alone": self.alone, "state": self.state,
+                "memory_bytes": self.memory, "alone": self.alone, **({"lane": self.lane} if self.lane else {}),
+                "state": self.state,
                 "seconds": None if self.started is None or self.ended is None else round(self.ended - self.started, 3),
                 **({"cpu_s": round(self.cpu_s, 3)} if self.cpu_s is not None else {}),
                 **({"cached": True} if self.cached else {})}
@@ -198,8 +200,9 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
     """The wall time of a recorded job graph at `workers` worker slots (a projection): list scheduling
     over the recorded DAG and durations, longest remaining chain first, driver jobs one at a time in
     their own lane, heavy jobs under a memory `budget` (bytes; None: no limit) with the build's rule
-    that a job always starts when nothing else heavy is held, and `alone` jobs with nothing heavy beside.
-    Jobs in `first` start before the others (the ones already running, for the build's ETA)."""
+    that a job always starts when nothing else heavy is held, `alone` jobs with nothing heavy beside, and
+    one job per `lane` at a time. Jobs in `first` start before the others (the ones already running, for
+    the build's ETA)."""
     jobs = {r["id"]: r for r in records if r.get("seconds") is not None}
     children: dict[str, list[str]] = {j: [] for j in jobs}
     for r in jobs.values():
@@ -211,6 +214,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
     ready = [j for j, n in waiting.items() if n == 0]
     running: list[_Event] = []
     held, heavy, alone_on, driver_busy, now, seq, free = 0, 0, False, False, 0.0, 0, workers
+    lanes: set = set()
     done = 0
     while done < len(jobs):
         ready.sort(key=lambda j: (j not in first, -rem[j]))
@@ -224,6 +228,8 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
                     if driver_busy:
                         continue
                 elif free == 0:
+                    continue
+                if r.get("lane") and r["lane"] in lanes:
                     continue
                 if mem:
                     if alone_on or (r.get("alone") and heavy):
@@ -239,6 +245,8 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
                     held += mem
                     heavy += 1
                     alone_on = alone_on or bool(r.get("alone"))
+                if r.get("lane"):
+                    lanes.add(r["lane"])
                 seq += 1
                 heapq.heappush(running, _Event(now + r["seconds"], seq, j))
                 started = True
@@ -252,6 +260,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
             driver_busy = False
         else:
             free += 1
+        lanes.discard(r.get("lane"))
         if r.get("memory_bytes"):
             held -= r["memory_bytes"]
             heavy -= 1

@@ -71,6 +71,8 @@ class Scheduler:
                     continue
             elif self._worker_slots() <= 0:
                 continue
+            if job.lane and any(j.lane == job.lane for j in self._running.values()):
+                continue
             if job.memory > 0 and heavy_held_back:
                 continue
             if not self._fits(job):
