@@ -287,7 +287,7 @@ class Recipe:
     # "module:function(model, out, manifest, runners, progress) -> rows": whole-pipeline parity
     end_to_end: str = ""
     # "module:function(parts) -> rows": end_to_end takes part=(k, n) (held-out prompts k, k + n, ...) and
-    # this merges the parts' rows; a light model's row then runs as parts at once (jobs/e2e.py)
+    # this merges the parts' rows; a row then runs as parts at once (jobs/e2e.py)
     end_to_end_merge: str = ""
     synth: str = ""                          # module with HELP, options() and run(**kw): `omni-export synth`
     bundle: str = ""                         # "module:function(manifest, out) -> artifacts.bundle.Bundle": host data
