@@ -107,3 +107,31 @@ def test_cia_ops_are_collected_once_per_registration_state_and_torch_gets_its_fu
             m._collect_all_valid_cia_ops = original
         if lib is not None:
             lib._destroy()
+
+
+def test_signature_maps_are_computed_once_per_state_and_follow_every_in_place_change():
+    from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+
+    from omni_export.exporters.patches.fx_passes import memo_signature_maps
+
+    original = ExportGraphSignature.__dict__["inputs_to_buffers"]
+    ep = torch.export.export(_Net().eval(), (torch.randn(1, 4, 6),))
+    sig = ep.graph_signature
+    plain = dict(sig.inputs_to_parameters)
+    with memo_signature_maps():
+        first = sig.inputs_to_parameters
+        assert dict(first) == plain and sig.inputs_to_parameters is first          # answered from the memo
+        spec = next(s for s in sig.input_specs if s.kind == InputKind.PARAMETER)
+        spec.arg.name = "renamed"                                                   # TensorArgument in place
+        assert "renamed" in sig.inputs_to_parameters
+        spec.kind = InputKind.BUFFER                                                # InputSpec in place
+        spec.persistent = True
+        assert "renamed" not in sig.inputs_to_parameters and sig.inputs_to_buffers["renamed"] == spec.target
+        sig.input_specs.insert(0, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument("c0"), "c0_target"))
+        assert sig.inputs_to_lifted_tensor_constants["c0"] == "c0_target"          # the list grew
+        sig.input_specs.pop(0)
+        assert "c0" not in sig.inputs_to_lifted_tensor_constants
+        with memo_signature_maps():                                                 # nests
+            assert ExportGraphSignature.__dict__["inputs_to_buffers"] is not original
+    assert ExportGraphSignature.__dict__["inputs_to_buffers"] is original
+    assert "__setattr__" not in InputSpec.__dict__ and "__setattr__" not in TensorArgument.__dict__

@@ -1,4 +1,4 @@
-"""Two fixed costs of torch's graph passes, removed without changing what they produce.
+"""Three fixed costs of torch's graph passes, removed without changing what they produce.
 
 1. FX node provenance without the quadratic copy.
 
@@ -21,7 +21,17 @@ lowering time of a small graph (a 3-layer fp16 .pte, the third lowering in a pro
 8.4 -> 6.7 s). torch does not cache it because a custom op registered later adds to the set; `cached_cia_ops()` keys its cache on the dispatcher's
 CIA registrations and the op namespaces, so a new registration is a new walk.
 
-`fast_passes()` applies both for the span of a build.
+3. The graph signature's name maps, made once per signature state. ExportGraphSignature's
+`inputs_to_parameters` / `inputs_to_buffers` / `inputs_to_lifted_tensor_constants` build a new dict
+from every input spec on each access, and torch's `is_param` / `is_buffer` / `is_lifted_tensor_constant`
+(read by XNNPACK's partitioner, GEMM configs, node visitors and layout pass once or more per node) ask
+for one each time: quadratic in the graph's size. The 0.6B talker decode step's fp16 .pte (its
+linears split into 128-term sums: ~2000 weight inputs) spent 71 of 406 profiled seconds there.
+`memo_signature_maps()` answers them from a cache keyed on the signature's spec objects and a
+generation counter bumped by every field write of an InputSpec or TensorArgument (torch and ExecuTorch
+rename, retarget and re-kind specs in place), so a changed signature is a new computation.
+
+`fast_passes()` applies all three for the span of a build.
 """
 from __future__ import annotations
 
@@ -32,6 +42,9 @@ import torch
 
 PINNED = {"torch": "2.13.0"}
 TARGETS = ("torch.fx.traceback:NodeSource.__init__",
+           "torch.export.graph_signature:ExportGraphSignature.inputs_to_parameters",
+           "torch.export.graph_signature:ExportGraphSignature.inputs_to_buffers",
+           "torch.export.graph_signature:ExportGraphSignature.inputs_to_lifted_tensor_constants",
            "torch._export.utils:_collect_all_valid_cia_ops",
            "torch.export.exported_program:_collect_all_valid_cia_ops",
            "torch.export.decomp_utils:_collect_all_valid_cia_ops")
@@ -125,8 +138,71 @@ def _cia_modules() -> list:
     return [export_utils, exported_program, decomp_utils]
 
 
+SIGNATURE_MAPS = ("inputs_to_parameters", "inputs_to_buffers", "inputs_to_lifted_tensor_constants")
+_sig_generation = 0          # bumped by every field write of an InputSpec / TensorArgument in the block
+_sig_memo: dict = {}         # id(signature) -> {map name: (generation, specs, answer)}
+_sig_depth = 0
+_sig_originals: dict = {}
+
+
+def _counting_setattr(self, name, value):
+    global _sig_generation
+    _sig_generation += 1
+    object.__setattr__(self, name, value)
+
+
+def _memoised(name: str, compute):
+    def get(self):
+        specs = tuple(self.input_specs)
+        entry = _sig_memo.setdefault(id(self), {}).get(name)
+        # the same generation and the same spec objects (or equal ones: `==` on the dataclasses) give
+        # the same map; the entry keeps its specs alive, so an id reused by a new signature cannot match
+        # different specs by identity
+        if entry is not None and entry[0] == _sig_generation and entry[1] == specs:
+            return entry[2]
+        answer = compute(self)
+        _sig_memo[id(self)][name] = (_sig_generation, specs, answer)
+        return answer
+    return property(get)
+
+
+@contextlib.contextmanager
+def memo_signature_maps():
+    """Within the block, ExportGraphSignature's input name maps are computed once per signature state.
+    Nests; restores torch's properties and InputSpec / TensorArgument's attribute setting when the
+    outermost block exits."""
+    global _sig_depth
+    from torch.export.graph_signature import ExportGraphSignature, InputSpec, TensorArgument
+
+    with _lock:
+        if _sig_depth == 0:
+            for cls in (InputSpec, TensorArgument):
+                _sig_originals[cls] = cls.__dict__.get("__setattr__")
+                cls.__setattr__ = _counting_setattr
+            for name in SIGNATURE_MAPS:
+                prop = ExportGraphSignature.__dict__[name]
+                _sig_originals[name] = prop
+                setattr(ExportGraphSignature, name, _memoised(name, prop.fget))
+        _sig_depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _sig_depth -= 1
+            if _sig_depth == 0:
+                for name in SIGNATURE_MAPS:
+                    setattr(ExportGraphSignature, name, _sig_originals.pop(name))
+                for cls in (InputSpec, TensorArgument):
+                    own = _sig_originals.pop(cls)
+                    if own is None:
+                        del cls.__setattr__
+                    else:
+                        cls.__setattr__ = own
+                _sig_memo.clear()
+
+
 @contextlib.contextmanager
 def fast_passes():
-    """shared_provenance() and cached_cia_ops() together."""
-    with shared_provenance(), cached_cia_ops():
+    """shared_provenance(), cached_cia_ops() and memo_signature_maps() together."""
+    with shared_provenance(), cached_cia_ops(), memo_signature_maps():
         yield
