@@ -266,6 +266,26 @@ def test_pte_copies_leave_the_module_they_lower_untouched(tmp_path):
     assert all(isinstance(l, torch.nn.Linear) for l in (m[0], m[2]))
 
 
+@pytest.mark.parametrize("precision", [Precision.FP16, Precision.W8A16])
+def test_a_consuming_pte_lowering_frees_the_fp32_weights_and_writes_the_same_pte(tmp_path, precision):
+    """consume=True (a job in a process of its own) empties the module's floating-point weights once the
+    converted copy exists; the .pte is byte-for-byte the one lowered with the module kept."""
+    def net():
+        torch.manual_seed(3)
+        m = torch.nn.Sequential(torch.nn.Linear(300, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)).eval()
+        m.register_buffer("steps", torch.arange(8))
+        return m
+
+    x = (torch.randn(1, 4, 300),)
+    kept, consumed = net(), net()
+    export_pte(kept, x, tmp_path / "kept.pte", precision, [x])
+    export_pte(consumed, x, tmp_path / "consumed.pte", precision, [x], consume=True)
+    assert (tmp_path / "kept.pte").read_bytes() == (tmp_path / "consumed.pte").read_bytes()
+    assert kept[0].weight.shape == (64, 300)
+    assert [p.numel() for p in consumed.parameters()] == [0] * 6
+    assert torch.equal(consumed.steps, torch.arange(8))           # integer buffers are left alone
+
+
 class _Convs(torch.nn.Module):
     """The conv shapes Code2Wav uses: dilated causal conv, 1x1, depthwise, transposed (K = 2s, K = s,
     K not a multiple of s)."""

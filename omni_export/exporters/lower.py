@@ -234,7 +234,9 @@ class Lowering:
         return self._spec("ort-cpu", self.onnx(precision), self._proxy())
 
     # ---- builds
-    def build(self, spec: BuildSpec, staging: Path) -> Built:
+    def build(self, spec: BuildSpec, staging: Path, consume: bool = False) -> Built:
+        """One artifact in `staging`. `consume`: a .pte lowering may free the traced module's fp32
+        weights once it holds its converted copy (exporters.executorch.export_pte)."""
         out = staging / spec.filename
         p = spec.precision
         if spec.format == Format.ONNX:
@@ -269,7 +271,7 @@ class Lowering:
             calib = _CallArgs(self.traced) if p.quantized else ()
             with self._hold("pte-lower"):
                 details = export_pte(self.traced.module, self.traced.example, out, p, calib,
-                                     self.weight_rounding if p == Precision.W8A16 else "nearest")
+                                     self.weight_rounding if p == Precision.W8A16 else "nearest", consume=consume)
             return Built([out], self._spec("executorch", out), details)
         raise ValueError(f"no exporter for {spec.format}")
 

@@ -346,7 +346,9 @@ class ComponentJobs:
             # the fp32 ONNX (and its rewrite report) first, then the graph this precision lowers from
             states = self._deps_states(jobs, *dict.fromkeys((self._id("export"), src)))
         staging = self.run.store.staging(spec.filename)
-        return work.lower, (self.ref, states, spec, str(staging))
+        # a job in a process of its own may free the fp32 weights once it holds its converted copy
+        consume = jobs[self._id("lower", spec.format.value, spec.precision.value)].fresh
+        return work.lower, (self.ref, states, spec, str(staging), consume)
 
     def _lowered_done(self, job: Job, i: int) -> None:
         spec = self.builds[i]

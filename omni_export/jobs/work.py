@@ -141,12 +141,18 @@ def quantize(ref: GraphRef, states: list[dict], precision: str) -> dict:
     return lowering.state()
 
 
-def lower(ref: GraphRef, states: list[dict], spec, staging: str):
-    """One artifact: exporters.lower.Built (files in `staging`, how to run them, details)."""
+def lower(ref: GraphRef, states: list[dict], spec, staging: str, consume: bool = False):
+    """One artifact: exporters.lower.Built (files in `staging`, how to run them, details). `consume`:
+    this process ends with the job, so a .pte lowering may free the module's fp32 weights once it
+    holds its converted copy (the worker's cached module is unusable after)."""
     from ..core import Format
 
-    lowering, _ = _adopted(ref, states, module=spec.format == Format.PTE)
-    return lowering.build(spec, Path(staging))
+    lowering, traced = _adopted(ref, states, module=spec.format == Format.PTE)
+    try:
+        return lowering.build(spec, Path(staging), consume=consume)
+    finally:
+        if consume and spec.format == Format.PTE:
+            _graphs.pop(ref, None)
 
 
 def score(spec, ref: GraphRef, indices: list[int] | None):
