@@ -135,3 +135,65 @@ def test_signature_maps_are_computed_once_per_state_and_follow_every_in_place_ch
             assert ExportGraphSignature.__dict__["inputs_to_buffers"] is not original
     assert ExportGraphSignature.__dict__["inputs_to_buffers"] is original
     assert "__setattr__" not in InputSpec.__dict__ and "__setattr__" not in TensorArgument.__dict__
+
+
+class _Stack(torch.nn.Module):
+    """Linears past halfsums.SUM_TERMS (split in fp16), a conv, concatenation and a residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(300, 64)
+        self.conv = nn.Conv1d(64, 64, 3, padding=1)
+        self.down = nn.Linear(128, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        c = self.conv(h.transpose(1, 2)).transpose(1, 2)
+        return self.down(torch.cat([h, c], dim=-1)) + x[..., :16]
+
+
+def test_pte_is_byte_identical_with_and_without_skipping_idle_retraces(tmp_path):
+    from omni_export.exporters.patches import fx_passes
+
+    torch.manual_seed(1)
+    example = (torch.randn(1, 5, 300),)
+    for p in (Precision.FP16, Precision.W8A16):
+        module = _Stack().eval()
+        with fx_passes.fast_passes():
+            et._export_pte(module, example, tmp_path / f"plain-{p.value}.pte", p, [example])
+        et.release_lowering_caches()
+        before = dict(fx_passes.retraces)
+        et.export_pte(module, example, tmp_path / f"skip-{p.value}.pte", p, [example])
+        assert fx_passes.retraces["skipped"] > before["skipped"]               # some retraces were idle
+        assert fx_passes.retraces["run"] > before["run"]                       # and some were not
+        assert (tmp_path / f"plain-{p.value}.pte").read_bytes() == (tmp_path / f"skip-{p.value}.pte").read_bytes()
+
+
+def test_a_pass_working_in_its_hooks_or_on_a_changed_graph_is_retraced():
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import ExportPass, _ExportPassBase
+    from executorch.exir import to_edge
+
+    from omni_export.exporters.patches import fx_passes
+
+    class Idle(ExportPass):
+        pass
+
+    class Doubling(ExportPass):            # works during the retrace: never skipped
+        def call_operator(self, op, args, kwargs, meta):
+            if op == exir_ops.edge.aten.relu.default:
+                return super().call_operator(exir_ops.edge.aten.abs.default, args, kwargs, meta)
+            return super().call_operator(op, args, kwargs, meta)
+
+    gm = to_edge(torch.export.export(torch.nn.ReLU(), (torch.randn(3),))).exported_program().graph_module
+    original = _ExportPassBase.call
+    with fx_passes.skip_idle_retraces():
+        first = Idle()(gm).graph_module                     # nothing retraced yet: retraced
+        assert first is not gm
+        assert Idle()(first).graph_module is first          # as the last retrace left it: returned as is
+        changed = Doubling()(first).graph_module
+        assert changed is not first
+        assert [n.target for n in changed.graph.nodes if n.op == "call_function"] == [exir_ops.edge.aten.abs.default]
+        next(n for n in changed.graph.nodes if n.op == "call_function").name = "renamed"
+        assert Idle()(changed).graph_module is not changed  # edited since: retraced
+    assert _ExportPassBase.call is original

@@ -1,4 +1,4 @@
-"""Three fixed costs of torch's graph passes, removed without changing what they produce.
+"""Four fixed costs of torch's and ExecuTorch's graph passes, removed without changing what they produce.
 
 1. FX node provenance without the quadratic copy.
 
@@ -31,7 +31,17 @@ linears split into 128-term sums: ~2000 weight inputs) spent 71 of 406 profiled 
 generation counter bumped by every field write of an InputSpec or TensorArgument (torch and ExecuTorch
 rename, retarget and re-kind specs in place), so a changed signature is a new computation.
 
-`fast_passes()` applies all three for the span of a build.
+4. No retrace of a graph a retrace just made. Most of ExecuTorch's XNNPACK passes edit the graph where
+their pattern occurs and then retrace the whole program through ExportPass (every node re-run on fake
+tensors), whether they found their pattern or not: a talker graph has no batch norm, upsampling,
+PReLU or 1-d convolution, and its partition was retraced for each of those passes. `skip_idle_retraces()`
+returns the graph as it is when the pass's retrace would be the identity: the pass retraces with
+ExportPass's own hooks (it overrides none of `call_operator`, `placeholder`, ...: those passes work
+during the retrace, and always retrace) and the graph is the one the last retrace produced (the same
+nodes, names, targets, arguments and input metadata: `_fingerprint`).
+
+`fast_passes()` applies 1-3 for the span of a build (ONNX export and ExecuTorch lowering);
+ExecuTorch's lowering adds `skip_idle_retraces()` (exporters/executorch.py).
 """
 from __future__ import annotations
 
@@ -40,14 +50,15 @@ import threading
 
 import torch
 
-PINNED = {"torch": "2.13.0"}
+PINNED = {"torch": "2.13.0", "executorch": "1.5.1"}
 TARGETS = ("torch.fx.traceback:NodeSource.__init__",
            "torch.export.graph_signature:ExportGraphSignature.inputs_to_parameters",
            "torch.export.graph_signature:ExportGraphSignature.inputs_to_buffers",
            "torch.export.graph_signature:ExportGraphSignature.inputs_to_lifted_tensor_constants",
            "torch._export.utils:_collect_all_valid_cia_ops",
            "torch.export.exported_program:_collect_all_valid_cia_ops",
-           "torch.export.decomp_utils:_collect_all_valid_cia_ops")
+           "torch.export.decomp_utils:_collect_all_valid_cia_ops",
+           "executorch.exir.pass_base:_ExportPassBase.call")
 
 _lock = threading.Lock()
 _depth = 0
@@ -199,6 +210,86 @@ def memo_signature_maps():
                     else:
                         cls.__setattr__ = own
                 _sig_memo.clear()
+
+
+def _arg_key(a):
+    if isinstance(a, torch.fx.Node):
+        return ("%", a.name)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_arg_key(x) for x in a))
+    if isinstance(a, dict):
+        return ("{", tuple((k, _arg_key(v)) for k, v in a.items()))
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return (type(a).__name__, a)          # 1, 1.0 and True are different arguments (NaN never matches)
+    if isinstance(a, torch.Tensor):
+        return ("tensor", id(a))              # the same object; its repr elides values
+    return (type(a).__name__, repr(a))        # dtypes, devices, memory formats, slices
+
+
+def _val_key(v):
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.dtype, tuple(v.stride()), v.device.type)
+    return ("other", repr(v))
+
+
+def _fingerprint(gm) -> tuple:
+    """What a retrace's output depends on: every node's kind, name, target and arguments, and the
+    metadata of the inputs it starts from."""
+    return tuple((n.op, n.name, n.target, _arg_key(n.args), _arg_key(n.kwargs),
+                  _val_key(n.meta.get("val")) if n.op == "placeholder" else None) for n in gm.graph.nodes)
+
+
+_retrace_depth = 0
+_retrace_original = None
+_last_retrace: tuple | None = None       # the fingerprint of the last retrace's output
+_hooks_of: dict = {}                     # pass class -> whether it retraces with ExportPass's own hooks
+retraces = {"run": 0, "skipped": 0}
+
+
+def _own_hooks(cls) -> bool:
+    from executorch.exir.pass_base import ExportPass, _ExportPassBase
+
+    if cls not in _hooks_of:
+        hooks = {name for base in (_ExportPassBase, ExportPass) for name, v in vars(base).items()
+                 if not name.startswith("__") and name not in ("call", "_abc_impl")}   # methods, nested classes
+        mine = [k for k in cls.__mro__ if k not in (ExportPass, _ExportPassBase) and issubclass(k, _ExportPassBase)]
+        _hooks_of[cls] = not any(h in vars(k) for k in mine for h in hooks)
+    return _hooks_of[cls]
+
+
+def _call_skipping_idle(self, graph_module):
+    global _last_retrace
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    if _last_retrace is not None and _own_hooks(type(self)) and _fingerprint(graph_module) == _last_retrace:
+        retraces["skipped"] += 1
+        return PassResult(graph_module, True)
+    result = _retrace_original(self, graph_module)
+    retraces["run"] += 1
+    _last_retrace = _fingerprint(result.graph_module)
+    return result
+
+
+@contextlib.contextmanager
+def skip_idle_retraces():
+    """Within the block, an ExportPass retrace that would reproduce its input returns it (see 4. above).
+    Nests; restores ExecuTorch's method when the outermost block exits."""
+    global _retrace_depth, _retrace_original, _last_retrace
+    from executorch.exir.pass_base import _ExportPassBase
+
+    with _lock:
+        if _retrace_depth == 0:
+            _retrace_original = _ExportPassBase.call
+            _ExportPassBase.call = _call_skipping_idle
+        _retrace_depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _retrace_depth -= 1
+            if _retrace_depth == 0:
+                _ExportPassBase.call = _retrace_original
+                _retrace_original = _last_retrace = None
 
 
 @contextlib.contextmanager
