@@ -61,8 +61,24 @@ TARGETS = ("torch.fx.traceback:NodeSource.__init__",
            "executorch.exir.pass_base:_ExportPassBase.call")
 
 _lock = threading.Lock()
-_depth = 0
+_depths: dict[str, int] = {}
 _original = None
+
+
+@contextlib.contextmanager
+def _nested(name: str, install, restore):
+    """A patch's block: install() when the first block of `name` enters, restore() when the last exits."""
+    with _lock:
+        if not _depths.get(name):
+            install()
+        _depths[name] = _depths.get(name, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depths[name] -= 1
+            if not _depths[name]:
+                restore()
 
 
 def _init_sharing_history(self, node, pass_name="", action=None):
@@ -82,22 +98,18 @@ def _init_sharing_history(self, node, pass_name="", action=None):
 def shared_provenance():
     """Within the block, NodeSource shares its node's from_node history instead of deep-copying it.
     Nests; restores torch's own constructor when the outermost block exits."""
-    global _depth, _original
     from torch.fx.traceback import NodeSource
 
-    with _lock:
-        if _depth == 0:
-            _original = NodeSource.__init__
-            NodeSource.__init__ = _init_sharing_history
-        _depth += 1
-    try:
+    def install():
+        global _original
+        _original, NodeSource.__init__ = NodeSource.__init__, _init_sharing_history
+
+    def restore():
+        global _original
+        NodeSource.__init__, _original = _original, None
+
+    with _nested("provenance", install, restore):
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                NodeSource.__init__ = _original
-                _original = None
 
 
 _cia_cache: dict = {}
@@ -113,7 +125,6 @@ def _collect_cia_ops_cached():
     return ops
 
 
-_cia_depth = 0
 _cia_original = None
 
 
@@ -121,24 +132,21 @@ _cia_original = None
 def cached_cia_ops():
     """Within the block, torch._export.utils._collect_all_valid_cia_ops answers from a cache keyed on
     the dispatcher's registrations. Nests; restores torch's function when the outermost block exits."""
-    global _cia_depth, _cia_original
+    def install():
+        global _cia_original
+        _cia_original = _cia_modules()[0]._collect_all_valid_cia_ops
+        for m in _cia_modules():          # each imported the function by name
+            m._collect_all_valid_cia_ops = _collect_cia_ops_cached
 
-    with _lock:
-        if _cia_depth == 0:
-            _cia_original = _cia_modules()[0]._collect_all_valid_cia_ops
-            for m in _cia_modules():          # each imported the function by name
-                m._collect_all_valid_cia_ops = _collect_cia_ops_cached
-        _cia_depth += 1
-    try:
+    def restore():
+        global _cia_original
+        for m in _cia_modules():
+            m._collect_all_valid_cia_ops = _cia_original
+        _cia_original = None
+        _cia_cache.clear()
+
+    with _nested("cia", install, restore):
         yield
-    finally:
-        with _lock:
-            _cia_depth -= 1
-            if _cia_depth == 0:
-                for m in _cia_modules():
-                    m._collect_all_valid_cia_ops = _cia_original
-                _cia_original = None
-                _cia_cache.clear()
 
 
 def _cia_modules() -> list:
@@ -152,7 +160,6 @@ def _cia_modules() -> list:
 SIGNATURE_MAPS = ("inputs_to_parameters", "inputs_to_buffers", "inputs_to_lifted_tensor_constants")
 _sig_generation = 0          # bumped by every field write of an InputSpec / TensorArgument in the block
 _sig_memo: dict = {}         # id(signature) -> {map name: (generation, specs, answer)}
-_sig_depth = 0
 _sig_originals: dict = {}
 
 
@@ -182,34 +189,29 @@ def memo_signature_maps():
     """Within the block, ExportGraphSignature's input name maps are computed once per signature state.
     Nests; restores torch's properties and InputSpec / TensorArgument's attribute setting when the
     outermost block exits."""
-    global _sig_depth
     from torch.export.graph_signature import ExportGraphSignature, InputSpec, TensorArgument
 
-    with _lock:
-        if _sig_depth == 0:
-            for cls in (InputSpec, TensorArgument):
-                _sig_originals[cls] = cls.__dict__.get("__setattr__")
-                cls.__setattr__ = _counting_setattr
-            for name in SIGNATURE_MAPS:
-                prop = ExportGraphSignature.__dict__[name]
-                _sig_originals[name] = prop
-                setattr(ExportGraphSignature, name, _memoised(name, prop.fget))
-        _sig_depth += 1
-    try:
+    def install():
+        for cls in (InputSpec, TensorArgument):
+            _sig_originals[cls] = cls.__dict__.get("__setattr__")
+            cls.__setattr__ = _counting_setattr
+        for name in SIGNATURE_MAPS:
+            prop = _sig_originals[name] = ExportGraphSignature.__dict__[name]
+            setattr(ExportGraphSignature, name, _memoised(name, prop.fget))
+
+    def restore():
+        for name in SIGNATURE_MAPS:
+            setattr(ExportGraphSignature, name, _sig_originals.pop(name))
+        for cls in (InputSpec, TensorArgument):
+            own = _sig_originals.pop(cls)
+            if own is None:
+                del cls.__setattr__
+            else:
+                cls.__setattr__ = own
+        _sig_memo.clear()
+
+    with _nested("signature", install, restore):
         yield
-    finally:
-        with _lock:
-            _sig_depth -= 1
-            if _sig_depth == 0:
-                for name in SIGNATURE_MAPS:
-                    setattr(ExportGraphSignature, name, _sig_originals.pop(name))
-                for cls in (InputSpec, TensorArgument):
-                    own = _sig_originals.pop(cls)
-                    if own is None:
-                        del cls.__setattr__
-                    else:
-                        cls.__setattr__ = own
-                _sig_memo.clear()
 
 
 def _arg_key(a):
@@ -239,7 +241,6 @@ def _fingerprint(gm) -> tuple:
                   _val_key(n.meta.get("val")) if n.op == "placeholder" else None) for n in gm.graph.nodes)
 
 
-_retrace_depth = 0
 _retrace_original = None
 _last_retrace: tuple | None = None       # the fingerprint of the last retrace's output
 _hooks_of: dict = {}                     # pass class -> whether it retraces with ExportPass's own hooks
@@ -274,22 +275,19 @@ def _call_skipping_idle(self, graph_module):
 def skip_idle_retraces():
     """Within the block, an ExportPass retrace that would reproduce its input returns it (see 4. above).
     Nests; restores ExecuTorch's method when the outermost block exits."""
-    global _retrace_depth, _retrace_original, _last_retrace
     from executorch.exir.pass_base import _ExportPassBase
 
-    with _lock:
-        if _retrace_depth == 0:
-            _retrace_original = _ExportPassBase.call
-            _ExportPassBase.call = _call_skipping_idle
-        _retrace_depth += 1
-    try:
+    def install():
+        global _retrace_original
+        _retrace_original, _ExportPassBase.call = _ExportPassBase.call, _call_skipping_idle
+
+    def restore():
+        global _retrace_original, _last_retrace
+        _ExportPassBase.call = _retrace_original
+        _retrace_original = _last_retrace = None
+
+    with _nested("retrace", install, restore):
         yield
-    finally:
-        with _lock:
-            _retrace_depth -= 1
-            if _retrace_depth == 0:
-                _ExportPassBase.call = _retrace_original
-                _retrace_original = _last_retrace = None
 
 
 @contextlib.contextmanager
