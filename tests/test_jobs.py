@@ -410,3 +410,22 @@ def test_a_heavy_graphs_waiting_worker_jobs_are_sized_to_its_weights(tmp_path):
                 assert j.fresh and j.memory == step_bytes(MEMORY_KIND[j.kind], weight_bytes) > 0, j.id
                 # a big lowering runs in its lane (one at a time): the 2 GiB graph's, not the 512 MB one's
                 assert (j.lane == "pte-lower") == (j.kind == "lower-pte" and weight_bytes == 1 << 31), j.id
+
+
+@pytest.mark.parametrize("weight_bytes", [1 << 20, 1 << 30])
+def test_a_pte_lowering_frees_the_fp32_weights_only_in_a_process_of_its_own(tmp_path, weight_bytes):
+    """The .pte lower job of a graph past HEAVY_BYTES runs fresh and is bound with consume=True (its
+    process may free the module's fp32 weights); a light graph's shares a long-lived worker: False."""
+    from omni_export.jobs import work
+    from omni_export.jobs.component import HEAVY_BYTES as HEAVY
+
+    _, _, cj = _e2e_rows(tmp_path, weight_bytes, "off")
+    cj.run.store.staging = lambda name: tmp_path / "staging" / name
+    cj.ref = "graph-ref"
+    pte = [(i, b) for i, b in enumerate(cj.builds) if b.format.value == "pte"]
+    assert pte
+    for i, b in pte:
+        job = cj.graph.jobs[cj._id("lower", "pte", b.precision.value)]
+        cj._sized(job)
+        fn, args = cj._bind_lower(cj.graph.jobs, i, job.deps[0])
+        assert fn is work.lower and args[-1] is (weight_bytes >= HEAVY) and job.fresh is (weight_bytes >= HEAVY)
