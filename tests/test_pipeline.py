@@ -139,7 +139,8 @@ def test_a_components_job_graph_shares_intermediate_graphs_and_the_context_binar
     for p in ("fp16", "w8a16"):
         assert deps[f"code2wav/score/dlc/{p}"] == (f"code2wav/lower/dlc/{p}", f"code2wav/score/ctx/{p}")
         assert g.jobs[f"code2wav/score/dlc/{p}"].kind == "score-shared"
-        assert deps[f"code2wav/score/ctx/{p}"] == (f"code2wav/lower/ctx/{p}",)
+        # the simulator's run waits for ORT's: past 256 MB it scores the samples ORT scored worst
+        assert deps[f"code2wav/score/ctx/{p}"] == (f"code2wav/lower/ctx/{p}", f"code2wav/score/onnx/{p}")
     assert sum(j.where == "driver" for j in g.jobs.values() if j.kind != "score-shared") == 1    # the trace
     assert g.critical_path()[1][0] == "code2wav/trace"
 
@@ -206,6 +207,28 @@ def test_attribution_runs_on_cpu_only_when_the_onnx_build_scored_low_there_and_n
     assert not _scored_low_on_cpu([e("onnx", "rejected", "lowering failed: x")], w)      # never scored
     assert not _scored_low_on_cpu([e("onnx", "rejected"), e("ctx", "rejected", "lowering failed: MEM")], w)
     assert not _scored_low_on_cpu([e("onnx", "rejected", prec="fp16")], w)
+
+
+def test_a_located_compile_failure_keeps_only_its_block_on_the_target_and_ranks_the_rest_on_cpu():
+    """Code2Wav w8a16 at 0.6B: ONNX scored low on ORT, the context binary failed to finalize with the
+    last block as the likely node: ORT CPU ranks the blocks, that block alone is lowered on the HTP."""
+    from omni_export.core import Precision
+    from omni_export.jobs.component import _located_failures
+
+    def e(fmt, status, error=None, diagnosis=None, prec="w8a16"):
+        return {"format": fmt, "precision": prec, "status": status, **({"error": error} if error else {}),
+                **({"diagnosis": diagnosis} if diagnosis else {})}
+
+    w = Precision.W8A16
+    low = e("onnx", "rejected")
+    mem = e("ctx", "rejected", "lowering failed: MEM", {"node": "up", "likely": True, "likely_block": "blocks.6"})
+    named = e("dlc", "rejected", "lowering failed: Det", {"node": "d", "block": "blocks.2"})
+    assert _located_failures([low, mem], w) == ("blocks.6",)
+    assert _located_failures([low, mem, named], w) == ("blocks.2", "blocks.6")
+    assert _located_failures([low, e("ctx", "rejected", "lowering failed: x")], w) is None      # not located
+    assert _located_failures([e("onnx", "accepted"), mem], w) is None        # no loss on ORT to rank by
+    assert _located_failures([low, e("ctx", "rejected")], w) is None         # nothing failed
+    assert _located_failures([low, mem], Precision.W8A8) is None
 
 
 def test_rejected_reasons_name_the_weakest_block(demo_run):

@@ -107,7 +107,7 @@ def test_the_build_says_it_the_block_alone_is_attributed_and_the_report_shows_it
 
     cj.entries[0] = {**build("ctx", "fp16", 50.0, 30.0), "precision": "fp16"}          # fp16 compiled and passed
     attribute = g.jobs["code2wav/attribute/w8a16"]
-    assert attribute.bind(g.jobs)[1][-1] == "pre_conv" and attribute.label.endswith("block pre_conv")
+    assert attribute.bind(g.jobs)[1][-2:] == ("pre_conv", ()) and attribute.label.endswith("block pre_conv")
     precision_notes([x for x in cj.entries])
     assert e["parity"]["reason"].endswith("; at fp16 the same graph compiled: that precision avoids it")
 
@@ -122,6 +122,34 @@ def test_the_build_says_it_the_block_alone_is_attributed_and_the_report_shows_it
     shown = e["parity"]["reason"]
     assert str(escape(shown)) in (out / "report.html").read_text()
     assert "node\\_argmax\\_1" in summary(m) or "node_argmax_1" in summary(m)
+
+
+def test_a_finalize_failure_with_a_likely_block_attributes_on_cpu_and_that_block_on_the_htp(tmp_path):
+    """The ONNX build scored low on ORT and the context binary failed to finalize with a likely block
+    (Code2Wav w8a16 at 0.6B): attribution ranks the blocks on ORT CPU and lowers only that block on the
+    HTP simulator, not every block (291 s at 0.6B)."""
+    from omni_export.core import BuildSpec, Format, Precision
+    from omni_export.jobs.component import ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from synthetic import build, stub_run
+
+    specs = [BuildSpec("qwen3-tts", "code2wav", f, Precision.W8A16, "s25-htp") for f in (Format.ONNX, Format.CTX)]
+    g = JobGraph()
+    cj = ComponentJobs(stub_run(tmp_path), "code2wav", specs, g)
+    cj.plan()
+    cj.info = {"block_chain": True, "block_names": BLOCKS}
+    cj.entries[0] = build("onnx", "w8a16", 23.0, 30.0)
+    cj.entries[1] = {**build("ctx", "w8a16", None, 30.0, error="lowering failed: MEM_ALLOC"),
+                     "diagnosis": {"node": "up", "likely": True, "likely_block": "pre_transformer"}}
+    assert cj._maybe_attribute()
+    job = g.jobs["code2wav/attribute/w8a16"]
+    args = job.bind(g.jobs)[1]
+    assert args[3] is True and args[-1] == ("pre_transformer",) and args[-2] is None
+    assert "(ORT CPU; pre_transformer on the target's runner)" in job.label
+    cj.entries[1]["diagnosis"] = {}                 # not located: every block on the simulator, as before
+    g.jobs.pop("code2wav/attribute/w8a16")
+    assert cj._maybe_attribute()
+    assert g.jobs["code2wav/attribute/w8a16"].bind(g.jobs)[1][3] is False
 
 
 def test_the_log_parser_reads_each_failure_class():

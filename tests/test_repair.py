@@ -135,8 +135,10 @@ def test_outputs_map_to_the_module_list_element_that_makes_them_and_its_nodes(tm
 
 def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs(tmp_path):
     """Past HEAVY_BYTES, a graph that is not a BlockChain has no per-block attribution (the 0.6B talker
-    prefill): its rejected build's per-output scores rank the modules that make them, and the first
-    step keeps the layer whose output scored worst in float."""
+    prefill): its rejected build's per-output scores rank the modules that make them. Its linears are
+    per tensor: the first step quantizes them per output channel with nothing in float; the next step
+    keeps in float the modules the estimate from step 1's own scores needs, per channel still; a step
+    whose scores no set of modules can lift stops the search with the estimate."""
     from omni_export.core import BuildSpec, Format
     from omni_export.jobs.component import HEAVY_BYTES, ComponentJobs
     from omni_export.jobs.graph import JobGraph
@@ -164,9 +166,55 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert search["order"] == ["layers.1", "layers.0", "layers.2", "norm"]
     assert search["estimate"]["worst"] == "layers.1" and not search["estimate"]["futile"]
     step = g.jobs["talker_prefill/repair/w8a16/1"]
-    assert step.label == "talker_prefill: repair w8a16, step 1: keep layers.1 in float" and search["_order"][0] == "layers.1"
+    assert step.label == "talker_prefill: repair w8a16, step 1: linears per output channel" and search["per_channel"]
+    g.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
+    args = step.bind(g.jobs)[1]
+    assert args[3] == [] and args[-2] is True             # no module raised, linears per channel
     assert step.memory > 0                                # a heavy graph's step holds its estimate on the memory gate
     assert "attribute" not in " ".join(g.jobs)            # no per-block attribution was asked for
+
+    import numpy as np
+
+    names = ["hidden", "new_key_0", "new_key_1", "new_key_2"]
+    refs = [{n: np.random.default_rng(i).standard_normal((1, 4, 8)).astype(np.float32) for n in names}
+            for i in range(2)]
+    cj.info.update({"output_names": names, "logits": ()})
+    cj._heldout = lambda samples: (refs, None)
+
+    def finish(job, keys_db, weight_bits=None):
+        """The step ran: its outputs are the fp32 references scaled so each output scores keys_db."""
+        outs = [{n: (r * (1 + 10 ** (-keys_db.get(n, 80.0) / 20))).astype(np.float32) for n, r in sample.items()}
+                for sample in refs]
+        job.state, job.started, job.ended = "done", 1.0, 2.0
+        job.result = {"outputs": outs, "weight_bits": weight_bits or {"8": 1.0}, "kept_nodes": 0}
+        job.done(job)
+
+    # step 1 (per channel): new_key_1 still 27 dB; layers.0 and layers.1 add the noise
+    finish(step, {"new_key_0": 33.0, "new_key_1": 27.0, "new_key_2": 27.0, "hidden": 27.0})
+    assert search["steps"][0]["kept_float"] == [] and search["steps"][0]["scheme"] == "linears per output channel"
+    step2 = g.jobs["talker_prefill/repair/w8a16/2"]
+    assert step2.bind(g.jobs)[1][3] == ["layers.1"] and step2.bind(g.jobs)[1][-2:] == (True, "int16")
+    assert "step 2: layers.1 at 16-bit weights (linears per channel)" in step2.label
+    assert search["estimates"][0]["after_step"] == 1 and not search["estimates"][0]["futile"]
+    # step 2 passes: the result says what it kept and its scheme
+    finish(step2, {}, {"8": 0.75, "16": 0.25})
+    assert search["result"]["weights_16bit"] == ["layers.1"] and search["result"]["kept_float"] == []
+    assert search["result"]["integer_share"] == 1.0 and search["result"]["base_share"] == 0.75
+    assert search["result"]["scheme"] == "linears per output channel"
+
+    # the same search whose step 1 leaves a loss spread over the layers: no half of them can lift it
+    g3 = JobGraph()
+    spread = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g3)
+    spread.plan()
+    spread.info, spread.entries, spread.states, spread._heldout = cj.info, cj.entries, cj.states, cj._heldout
+    assert spread._maybe_repair()
+    g3.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
+    cj, search = spread, spread.repair["w8a16"]
+    finish(g3.jobs["talker_prefill/repair/w8a16/1"], {"new_key_0": 24.0, "new_key_1": 21.0, "new_key_2": 19.2,
+                                                      "hidden": 19.2})
+    assert "talker_prefill/repair/w8a16/2" not in g3.jobs and search["result"] is None
+    assert search["stopped"].endswith("under the 30 dB gate, and more than that raises most of the graph: "
+                                      "stopped after step 1") and "step 1's per-output scores" in search["stopped"]
 
     # a graph the ranking cannot read: that search stops with the reason, the build goes on
     (tmp_path / "bad.onnx").write_bytes(b"not an onnx graph")
@@ -182,6 +230,24 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
 # the 0.6B talker prefill's w8a16 context binary (random weights, 4d07593): each layer's new_key SNR
 PREFILL_KEYS_DB = [39.6, 35.5, 33.4, 32.3, 31.7, 30.7, 30.4, 29.7, 29.4, 29.1, 28.9, 28.7, 28.5, 28.2, 28.1, 27.7,
                    27.6, 27.1, 27.3, 27.1, 27.5, 26.9, 26.8, 26.8, 26.4, 26.5, 26.6, 26.7]
+
+
+def test_to_reach_takes_the_fewest_modules_the_estimate_needs_and_stops_when_half_the_graph_is_not_enough():
+    rows = [{"block": f"decoder.layers.{i}", "snr_db": db} for i, db in enumerate(PREFILL_KEYS_DB)]
+    rows.append({"block": "codec_head", "snr_db": 26.5})
+    sel, finding = rp.to_reach(rows, 30.0)
+    # 8 of 29 modules lift 26.4 dB over 30.25 (gate + the 0.25 dB margin), the largest adders first
+    assert [rows[i]["block"] for i in sel[:2]] == ["decoder.layers.17", "decoder.layers.24"] and len(sel) == 8
+    assert not finding["futile"] and 30.25 <= finding["estimate_db"] < 31.0
+    # those already kept are not taken again; fewer are needed once they are
+    sel2, _ = rp.to_reach(rows, 30.0, kept=set(sel[:4]))
+    assert not set(sel2) & set(sel[:4])
+    # a gate half the graph cannot reach: futile, with the estimate at that half
+    sel3, finding3 = rp.to_reach(rows, 40.0)
+    assert finding3["futile"] and len(sel3) == int(rp.MAX_RAISED_SHARE * len(rows)) and finding3["estimate_db"] < 40.0
+    # a module that failed or gave NaN/Inf is taken first, alone
+    broken = rows[:3] + [{"block": "x", "snr_db": None, "finite": False}]
+    assert rp.to_reach(broken, 30.0)[0] == [3]
 
 
 def test_an_accumulated_loss_no_few_modules_can_lift_is_said_without_running_a_step():
@@ -202,3 +268,33 @@ def test_an_accumulated_loss_no_few_modules_can_lift_is_said_without_running_a_s
     # a module that failed or gave NaN/Inf goes first, and no estimate is made
     order, finding = rp.by_added_noise(rows[:3] + [{"block": "x", "snr_db": None, "finite": False}], 30.0, 4)
     assert order[0] == 3 and finding == {"futile": False}
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_wide_weights_quantize_the_named_layers_weights_at_16_bits_and_nothing_in_float(tmp_path, per_channel):
+    """Precision repair's integer raise: layers.1's linear keeps every node quantized, its weight at
+    int16 (per output channel when the linears are lowered as Conv), the other layers' at 8 bits."""
+    import numpy as np
+    import onnx
+
+    from omni_export.exporters import onnx as ox
+
+    src = _Layers.export(tmp_path / "net.onnx")
+    nodes = ox.scope_nodes(src)["layers.1"]
+    calib = [{"x": np.random.default_rng(i).standard_normal((1, 4, 8)).astype(np.float32)} for i in range(4)]
+    q = ox.quantize_qdq(src, tmp_path / "q.onnx", calib, Precision.W8A16, per_channel_linears=per_channel,
+                        wide_weights=nodes)
+    model = onnx.load(str(q))
+    inits = {i.name: i for i in model.graph.initializer}
+    dq_of = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    widths = {}
+    for n in model.graph.node:
+        if n.op_type in ("MatMul", "Conv") and n.input[1] in dq_of:
+            w = inits[dq_of[n.input[1]].input[0]]
+            widths[n.name] = w.data_type
+            if n.op_type == "Conv":
+                assert len(inits[dq_of[n.input[1]].input[1]].dims) == 1     # a scale per output channel
+    wide = [k for k, t in widths.items() if t == onnx.TensorProto.INT16]
+    assert len(widths) == 3 and len(wide) == 1 and any(wide[0].startswith(n) for n in nodes)
+    bits = ox.weight_bits(q)
+    assert set(bits) == {"8", "16"} and bits["16"] > 0

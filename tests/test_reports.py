@@ -425,5 +425,30 @@ def test_a_repair_that_could_not_start_is_said_in_both_reports_without_a_table(t
     m["components"]["code2wav"] = {**m["components"]["code2wav"],
                             "repair": {"w8a16": {"steps": [], "result": None, "order": [], "budget": 4, "stopped": why}}}
     text, html = summary(m), render(tmp_path, m)
-    assert f"code2wav w8a16 rejected; repair found no passing variant: {why}" in text and "| step | kept in float" not in text
+    assert f"code2wav w8a16 rejected; repair found no passing variant: {why}" in text and "| step | change" not in text
     assert f"No variant passed: {why}." in html and 'class="repair"' not in html and "Each step keeps" not in html
+
+
+def test_a_transformer_repair_at_16_bit_weights_is_said_in_both_reports(tmp_path):
+    """An output-ranked search (a real-size talker): step 1 quantizes the linears per channel, step 2
+    raises layers to 16-bit weights; both reports say what each step changed, not "kept in float"."""
+    from omni_export.reports.html import render
+
+    m = manifest([build("ctx", "w8a16", 26.4, 30.0)])
+    pc = "linears per output channel"
+    steps = [{"step": 1, "kept_float": [], "scheme": pc, "snr_db": 28.9, "verdict": "rejected", "integer_share": 1.0},
+             {"step": 2, "kept_float": [], "weights_16bit": ["decoder.layers.17", "decoder.layers.1"], "scheme": pc,
+              "snr_db": 30.7, "verdict": "accepted", "integer_share": 1.0, "base_share": 0.75}]
+    result = {"precision": "w8a16-mixed", "step": 2, "kept_float": [], "weights_16bit": steps[1]["weights_16bit"],
+              "scheme": pc, "integer_share": 1.0, "base_share": 0.75, "snr_db": 30.7}
+    m["components"]["code2wav"] = {**m["components"]["code2wav"], "repair": {"w8a16": {
+        "runner": "qnn-htp", "ranked_by": "outputs", "per_channel": True, "raise": "int16", "order": [],
+        "budget": 4, "steps": steps, "result": result}}}
+    text, html = summary(m), render(tmp_path, m)
+    assert f"| 1 | nothing raised; {pc} | 28.9 dB | rejected | 100.0 % |" in text
+    assert (f"| 2 | decoder.layers.17, decoder.layers.1 at 16-bit weights; {pc} | 30.7 dB | accepted | "
+            "100.0 % (75.0 % at the base width) |") in text
+    assert "accepted at step 2: decoder.layers.17, decoder.layers.1 at 16-bit weights; linears per output channel" in text
+    assert "The first step quantizes the linears per output channel" in html and "kept in float" not in html
+    assert "decoder.layers.17, decoder.layers.1 at 16-bit weights (linears per output channel)" in html
+    assert "100.0 % (75.0 % at the base width) of the" in html

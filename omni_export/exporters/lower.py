@@ -78,6 +78,7 @@ class Lowering:
         self._program = None
         self._onnx: dict[str, Path] = {}
         self.kept_float: dict[str, list[str]] = {}   # mixed precision -> nodes precision repair kept in float
+        self.mixed_per_channel: dict[str, bool] = {}  # mixed precision -> its linears quantized per channel
         from ..memory import NO_GATE
 
         self.gate = NO_GATE          # memory.MemoryGate: heavy steps hold their estimate while they run
@@ -88,7 +89,8 @@ class Lowering:
     def state(self) -> dict:
         """The intermediate graphs made so far and what they found, for the jobs that need them."""
         return {"onnx": {k: str(v) for k, v in self._onnx.items()}, "rewrite_report": self.rewrite_report,
-                "shared_weights": self.shared_weights, "kept_float": self.kept_float}
+                "shared_weights": self.shared_weights, "kept_float": self.kept_float,
+                "mixed_per_channel": self.mixed_per_channel}
 
     def adopt(self, state: dict) -> None:
         """Take intermediate graphs another job made (its `state()`) instead of making them again."""
@@ -97,6 +99,7 @@ class Lowering:
             self.rewrite_report = state["rewrite_report"]
         self.shared_weights = state.get("shared_weights") or self.shared_weights
         self.kept_float.update(state.get("kept_float") or {})
+        self.mixed_per_channel.update(state.get("mixed_per_channel") or {})
 
     # ---- graphs
     def program(self):
@@ -157,12 +160,15 @@ class Lowering:
         self._onnx[key] = path
         return path
 
-    def quantize_mixed(self, precision: Precision, keep_float: list[str], tag: str) -> Path:
+    def quantize_mixed(self, precision: Precision, keep_float: list[str], tag: str,
+                       per_channel: bool | None = None, wide: list[str] = ()) -> Path:
         """Precision repair's QDQ graph: `precision`'s base quantization with the nodes `keep_float`
-        left in float (fp16 on the HTP). Written as <mixed>.<tag>.qdq.onnx, one per search step."""
+        left in float (fp16 on the HTP), its linears per output channel when `per_channel` (lowered as
+        1x1 Conv; None: as the component says). Written as <mixed>.<tag>.qdq.onnx, one per search step."""
         from . import onnx as ox
 
         base = precision.base
+        per_channel = self.per_channel_linears if per_channel is None else bool(per_channel)
         src = self.onnx(Precision.FP32)
         calibration = self.traced.calibration
         big = ox.data_file(src).exists()
@@ -172,13 +178,14 @@ class Lowering:
         try:
             with self._hold("quantize"):
                 path = isolated(big, ox.quantize_qdq, src, self.work / f"{precision.value}.{tag}.qdq.onnx",
-                                calibration, base, self.headroom.get(base), self.per_channel_linears,
-                                self.weight_rounding, True, "block", tuple(keep_float))
+                                calibration, base, self.headroom.get(base), per_channel,
+                                self.weight_rounding, True, "block", tuple(keep_float), tuple(wide))
         finally:
             if mapped:
                 shutil.rmtree(calibration.root, ignore_errors=True)
         self._onnx[precision.value] = path
         self.kept_float[precision.value] = list(keep_float)
+        self.mixed_per_channel[precision.value] = per_channel
         return path
 
     def forget(self, precision: Precision) -> None:
@@ -186,6 +193,7 @@ class Lowering:
         precision repair's per-block sensitivity), so a later build of it makes its own."""
         self._onnx.pop(precision.value, None)
         self.kept_float.pop(precision.value, None)
+        self.mixed_per_channel.pop(precision.value, None)
 
     def qnn_source(self, precision: Precision) -> tuple[Path, dict]:
         """The ONNX the QNN EP compiles for this precision, and its provider options (fp16 on for a
@@ -323,8 +331,9 @@ class Lowering:
             from .onnx import HEADROOM
 
             d["activation_headroom"] = self.headroom.get(p.base, HEADROOM[p.base])
-            if self.per_channel_linears:
-                d["scheme"] += "; linears as 1x1 Conv" + ("" if p.base == Precision.W4A16 else ": per-output-channel weights")
+            if self.mixed_per_channel.get(p.value, self.per_channel_linears):
+                d["scheme"] += ("; precision repair: " if self.mixed_per_channel.get(p.value) and not
+                                self.per_channel_linears else "; ") + "linears as 1x1 Conv" + ("" if p.base == Precision.W4A16 else ": per-output-channel weights")
             d["weight_rounding"] = self._rounding(p)
             if p.value in self._onnx:
                 from .onnx import weight_bits

@@ -476,7 +476,8 @@ HEADROOM = {Precision.W8A16: 0.5, Precision.W8A8: 0.0, Precision.W4A16: 0.5}
 def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: Precision,
                  headroom: float | None = None, per_channel_linears: bool = False,
                  weight_rounding: str = "nearest", calibrate_once: bool = True,
-                 int4_weights: str = "block", keep_float: Sequence[str] = ()) -> Path:
+                 int4_weights: str = "block", keep_float: Sequence[str] = (),
+                 wide_weights: Sequence[str] = ()) -> Path:
     """Static QDQ for the HTP: int8 weights (w8a16, w8a8; per channel for Conv, per tensor for MatMul,
     which ONNX Runtime's QNN config quantizes per tensor, unless `per_channel_linears` lowers the
     linears as 1x1 Conv first), or for w4a16 signed symmetric int4 weights for every MatMul / Conv /
@@ -487,6 +488,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
     `keep_float` names nodes left unquantized (precision repair's blocks kept at higher precision: float
     in the QDQ graph, fp16 on the HTP; a linear lowered as Conv keeps its name + ".conv").
+    `wide_weights` names nodes whose MatMul / Conv weights are quantized to signed symmetric 16 bits
+    (per output channel for Conv) instead: precision repair's other raise, integer all the way.
 
     The calibration inputs run through the fp32 model once: with headroom, every activation's range
     comes from our own MinMax pass (`activation_ranges`) as an override, and ONNX Runtime's quantizer
@@ -518,6 +521,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     ranges = activation_ranges(src, calibration, dst.parent, keep=cache) if headroom or second else {}
     # the path, not a loaded model: the config reads the graph only (weights may be external)
     int4 = int4_overrides(src, int4_weights) if precision == Precision.W4A16 else None
+    if wide_weights:
+        int4 = {**(int4 or {}), **wide_overrides(src, wide_weights)}
     cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act, weight_type=weight,
                              per_channel=True, init_overrides=int4)
     overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
@@ -606,6 +611,26 @@ def int4_overrides(src: Path, layout: str) -> dict:
         if not (layout == "tensor" and op == "MatMul"):
             o["axis"] = axis
         out[name] = [o]
+    return out
+
+
+def wide_overrides(src: Path, nodes: Sequence[str]) -> dict:
+    """ONNX Runtime quantizer overrides that make the weights of `nodes` (by name; a linear lowered as
+    Conv by its name + ".conv") signed symmetric int16: per tensor for MatMul, per output channel for Conv."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+
+    model = onnx.load(str(src), load_external_data=False)
+    names = set(nodes) | {f"{n}.conv" for n in nodes}
+    weights = _int4_weights(model)
+    out = {}
+    for n in model.graph.node:
+        if n.name in names and len(n.input) > 1 and n.input[1] in weights:
+            op, axis = weights[n.input[1]]
+            o = {"quant_type": QuantType.QInt16, "symmetric": True}
+            if op != "MatMul":
+                o["axis"] = axis
+            out[n.input[1]] = [o]
     return out
 
 

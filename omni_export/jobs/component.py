@@ -164,7 +164,8 @@ class ComponentJobs:
                           bind=lambda jobs, i=i, src=src: self._bind_lower(jobs, i, src),
                           done=lambda job, i=i: self._lowered_done(job, i)))
         # a DLC sharing its context binary's run is planned after it
-        for i, b in sorted(enumerate(self.builds), key=lambda x: self._ctx_sibling(x[1]) is not None):
+        for i, b in sorted(enumerate(self.builds), key=lambda x: (self._ctx_sibling(x[1]) is not None,
+                                                                 x[1].format != Format.ONNX)):
             ctx = self._ctx_sibling(b)
             lower_id = self._id("lower", b.format.value, b.precision.value)
             if ctx is not None:
@@ -175,7 +176,8 @@ class ComponentJobs:
                               done=lambda job, i=i: self._scored(job, i)))
             else:
                 kind = "score-htp" if b.format in (Format.DLC, Format.CTX) else "score"
-                self._add(Job(self._id("score", b.format.value, b.precision.value), kind, (lower_id,),
+                self._add(Job(self._id("score", b.format.value, b.precision.value), kind,
+                              (lower_id,) + self._onnx_score(b),
                               label=f"{c}: score {b.format.value} {b.precision.value}",
                               bind=lambda jobs, i=i, lower_id=lower_id: self._bind_score(jobs, i, lower_id),
                               done=lambda job, i=i: self._scored(job, i), tail=self._tail(b)))
@@ -390,6 +392,18 @@ class ComponentJobs:
         self._lowered[i]["submitted"] = time.time()
         return work.score, (runner, self.ref, self._lowered[i]["samples"])
 
+    def _onnx_score(self, spec: BuildSpec) -> tuple[str, ...]:
+        """A QNN build's score waits for the ONNX build's score of its precision, when there is one: past
+        HEAVY_BYTES the simulator scores the held-out samples that ONNX build scored worst on ORT CPU
+        (_slow_indices), which are known only then (without the wait, a QNN score bound first took
+        evenly spread samples: the 0.6B talker prefill's w8a16-mixed context binary, 30.5 dB on samples
+        0 and 3 where its worst two on ORT, 0 and 2, gave 28.9 dB)."""
+        if spec.format not in (Format.DLC, Format.CTX):
+            return ()
+        if not any(b.format == Format.ONNX and b.precision == spec.precision for b in self.builds):
+            return ()
+        return (self._id("score", Format.ONNX.value, spec.precision.value),)
+
     def _bind_shared(self, jobs, i: int, deps: tuple):
         """A DLC's score: its context binary's run (the same QNN graph from the same source and options)."""
         runner = jobs[deps[0]].result.runner
@@ -496,14 +510,17 @@ class ComponentJobs:
                      top1_min=top1_gate(c.top1_min, precision))
 
     # ------------------------------------------------------------------------------------ attribution
-    def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None) -> None:
+    def _add_attribution(self, p: Precision, on_cpu: bool, only: str | None = None,
+                         on_target: tuple[str, ...] = ()) -> None:
         from . import work
 
         deps = (self._id("trace"),) + self._judged_by(p)
         self._sized(self._add(Job(self._id("attribute", p.value), "attribute", deps,
-                      label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU)" if on_cpu else "")
-                      + (f", block {only}" if only else ""),
-                      bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES, only)),
+                      label=f"{self.name}: per-block fidelity, {p.value}" + (" (ORT CPU" if on_cpu else "")
+                      + (f"; {', '.join(on_target)} on the target's runner" if on_cpu and on_target else "")
+                      + (")" if on_cpu else "") + (f", block {only}" if only else ""),
+                      bind=lambda jobs: (work.attribute, (self.ref, [], p.value, on_cpu, ATTRIBUTION_SAMPLES, only,
+                                                          on_target)),
                       done=lambda job: self._attributed(job, p),
                       fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES)))      # held on the memory gate
 
@@ -547,7 +564,11 @@ class ComponentJobs:
             # every rejection a QNN compile that named its node: that node's block alone
             blocks = {(e.get("diagnosis") or {}).get("block") for e in rejected}
             only = blocks.pop() if len(blocks) == 1 else None
-            self._add_attribution(p, on_cpu=_scored_low_on_cpu(mine, p), only=only)
+            located = None if only else _located_failures(mine, p)
+            if located:
+                self._add_attribution(p, on_cpu=True, on_target=located)
+            else:
+                self._add_attribution(p, on_cpu=_scored_low_on_cpu(mine, p), only=only)
             started = True
         return started
 
@@ -583,7 +604,7 @@ class ComponentJobs:
                                             "ranked_by": ranked_by,
                                             "stopped": "its fp32 ONNX could not be read to map its outputs to modules"
                                             if rows is None else "no scored output of the rejected build is made "
-                                                                 "inside a module of the graph: nothing to keep in float"}
+                                                                 "inside a module of the graph: nothing to raise"}
                     continue
             elif heavy:     # real-size graphs: the block-alone attribution ranks (one quantization per block
                 rows = self.attribution.get(p.value)    # of a 0.6B graph is minutes)
@@ -602,9 +623,18 @@ class ComponentJobs:
                         self._add_sensitivity(p)
                         started = True
                     continue
-            finding = None
+            finding, per_channel, first = None, False, None
             if ranked_by == "outputs":      # by the noise each module adds, and whether the budget can pass
-                order, finding = rp.by_added_noise(rows, self.thresholds[p], opts.repair_steps)
+                order, _ = rp.by_added_noise(rows, self.thresholds[p], opts.repair_steps)
+                # a transformer's MatMul weights are per tensor on the QNN EP: the first step quantizes its
+                # linears per output channel (still every weight 8-bit; the 0.6B talker prefill's w8a16
+                # context binary: 26.4 -> 28.9 dB), the next keep the modules the estimate needs in float
+                per_channel = not self.component.per_channel_linears and p.base != Precision.W4A16
+                sel, finding = rp.to_reach(rows, self.thresholds[p])
+                # and raises a module to 16-bit weights, not float: a float island runs in fp16 on the
+                # HTP without the fp16 graph's safe forms (0.6B talker prefill, five layers in float:
+                # 21.3 dB on the simulator where ORT CPU gave 34.6; at 16-bit weights: 30.7 dB)
+                first = [] if per_channel else sel
             else:
                 order = rp.block_order(rows)
             self.repair[p.value] = {"runner": "qnn-htp" if primary in (Format.CTX, Format.DLC) else "ort-cpu",
@@ -615,19 +645,18 @@ class ComponentJobs:
                                     **({"outputs": [{k: r[k] for k in ("block", "snr_db", "outputs") if k in r}
                                                     for r in rows]} if ranked_by == "outputs" else {}),
                                     "order": [rows[i]["block"] for i in order], "budget": opts.repair_steps,
+                                    **({"per_channel": True} if per_channel else {}),
+                                    "raise": "int16" if ranked_by == "outputs" else "float",
                                     "steps": [], "result": None, "_order": [rows[i]["index"] for i in order]}
+            if first is not None:
+                self.repair[p.value]["_next"] = ([rows[i]["index"] for i in first], [rows[i]["block"] for i in first])
             if not order or opts.repair_steps < 1:
                 self.repair[p.value]["stopped"] = "no block to keep" if not order else "--repair-steps 0"
                 continue
-            if finding and finding.get("futile"):
+            if finding and finding.get("futile") and not per_channel:
                 # each step is a quantization, a compile and simulator runs of a 0.6B graph: minutes
                 # spent to confirm what the scores already say
-                self.repair[p.value]["stopped"] = (
-                    f"the loss accumulates over the graph's modules: keeping the {len(finding['kept'])} that add "
-                    f"the most noise before {finding['worst']} ({', '.join(finding['kept'])}) in float would lift "
-                    f"its worst output from {finding['worst_db']:.1f} to about {finding['estimate_db']:.1f} dB "
-                    f"(estimated from the rejected build's per-output scores), under the "
-                    f"{self.thresholds[p]:.0f} dB gate: no step run (--repair-steps raises the budget)")
+                self.repair[p.value]["stopped"] = _futile(finding, self.thresholds[p], "no step run")
                 continue
             self._add_repair_step(p)
             started = True
@@ -638,9 +667,13 @@ class ComponentJobs:
         scored output (exporters.onnx.output_scopes), that output's SNR (the worst of its outputs),
         in graph order (where the graph first reaches the module). Outputs outside gated_outputs, when
         the component names some, are left out. A graph that cannot be read ranks nothing (no repair)."""
+        e = next(e for e in entries if e["precision"] == p.value and e["format"] == primary.value)
+        return self._module_rows((e.get("parity") or {}).get("outputs") or [])
+
+    def _module_rows(self, outputs: list[dict]) -> list[dict] | None:
+        """Per module that makes one of these scored outputs (parity output records), its worst SNR."""
         from ..exporters.onnx import output_scopes, scope_nodes
 
-        e = next(e for e in entries if e["precision"] == p.value and e["format"] == primary.value)
         src = ((self.states.get(self._id("export")) or {}).get("onnx") or {}).get("fp32")
         if not src:
             return []
@@ -655,7 +688,7 @@ class ComponentJobs:
             return None
         gated = set(self.component.gated_outputs or ())
         rows: dict[str, dict] = {}
-        for sc in (e.get("parity") or {}).get("outputs") or []:
+        for sc in outputs:
             block = where.get(sc["name"])
             if block is None or (gated and sc["name"] not in gated):
                 continue
@@ -700,9 +733,15 @@ class ComponentJobs:
 
         search = self.repair[p.value]
         k = len(search["steps"]) + 1
-        blocks = search["_order"][:k]
-        names = [search["order"][i] for i in range(k)]
-        indices = self.slow if search["runner"] == "qnn-htp" else None
+        if "_next" in search:           # the modules the estimate chose (output-ranked searches)
+            blocks, names = (list(x) for x in search.pop("_next"))
+        else:                           # one more block per step, in the ranking's order
+            blocks, names = search["_order"][:k], [search["order"][i] for i in range(k)]
+        search.setdefault("_kept", {})[k] = (blocks, names)
+        per_channel = bool(search.get("per_channel"))
+        wide = search.get("raise") == "int16"
+        # the samples the rejected build was judged on (on the simulator: those its ONNX scored worst)
+        indices = self._slow_indices(p)[0] if search["runner"] == "qnn-htp" else None
         search["_indices"] = indices
         export = self._id("export")
         jid = self._id("repair", p.value, k)
@@ -711,10 +750,15 @@ class ComponentJobs:
             self._id("attribute" if search["ranked_by"] == "attribution" else "sensitivity", p.value)
         after = (before,) if before in self.graph.jobs and self.graph.jobs[before].state == "done" else ()
         self._sized(self._add(Job(jid, "repair", (export,) + after,
-                      label=f"{self.name}: repair {p.value}, step {k}: keep {', '.join(names)} in float",
+                      label=f"{self.name}: repair {p.value}, step {k}: "
+                            + (f"{', '.join(names)} at 16-bit weights" if names and wide else
+                               f"keep {', '.join(names)} in float" if names else "")
+                            + (" (linears per channel)" if per_channel and names else
+                               "linears per output channel" if per_channel else ""),
                       bind=lambda jobs, k=k: (work.repair_step, (self.ref, self._deps_states(jobs, export),
                                                                  p.repaired().value, blocks, f"s{k}",
-                                                                 search["runner"], indices)),
+                                                                 search["runner"], indices, per_channel,
+                                                                 search.get("raise", "float"))),
                       done=lambda job, p=p, k=k: self._repair_stepped(job, p, k),
                       fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES)))      # held on the memory gate
 
@@ -722,8 +766,11 @@ class ComponentJobs:
         from . import repair as rp
 
         search = self.repair[p.value]
-        names = search["order"][:k]
-        row = {"step": k, "kept_float": names, "seconds": round((job.ended or 0) - (job.started or 0), 3)}
+        kept_idx, names = search.get("_kept", {}).get(k) or (search["_order"][:k], search["order"][:k])
+        wide = search.get("raise") == "int16"
+        row = {"step": k, **({"weights_16bit": names, "kept_float": []} if wide else {"kept_float": names}),
+               "seconds": round((job.ended or 0) - (job.started or 0), 3),
+               **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
         if job.error is not None:
             row.update({"snr_db": None, "error": short(job.error)})
             search["steps"].append(row)
@@ -740,23 +787,41 @@ class ComponentJobs:
         row.update({"snr_db": None if db is None else round(db, 3), "verdict": verdict.status,
                     "reason": verdict.reason, "samples": len(outputs),
                     "integer_share": rp.integer_share(result.get("weight_bits") or {}),
+                    "base_share": rp.base_share(result.get("weight_bits") or {}, p.base),
                     "weight_bits": result.get("weight_bits"), "kept_nodes": result.get("kept_nodes")})
         search["steps"].append(row)
         share = row["integer_share"]
-        self._line(job, _headline(verdict, self.component.gated_outputs)
-                   + ("" if share is None else f"; {100 * share:.0f} % of weight bytes still quantized"),
-                   failed=not verdict.accepted)
+        self._line(job, _headline(verdict, self.component.gated_outputs) + _shares(row, p.base), failed=not verdict.accepted)
         if verdict.accepted and share == 0:
             # every weight back in float: a variant of nothing quantized is the fp16 build again, not a repair
             row["note"] = "passes with no weight quantized"
             search["stopped"] = (f"step {k} passes only with every weight back in float ({', '.join(names)}): "
                                  f"not a quantized build")
         elif verdict.accepted:
-            search["result"] = {"precision": p.repaired().value, "step": k, "kept_float": names,
-                                "integer_share": share, "snr_db": row["snr_db"]}
+            search["result"] = {"precision": p.repaired().value, "step": k,
+                                **({"weights_16bit": names, "kept_float": []} if wide else {"kept_float": names}),
+                                "integer_share": share, "base_share": row["base_share"], "snr_db": row["snr_db"],
+                                **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
             self.states[job.id] = result        # its QDQ graph: the source kept for AI Hub (_keep_for_hub)
             self._add_mixed_builds(p, job.id)
-        elif k < min(search["budget"], len(search["_order"])):
+        elif search["ranked_by"] == "outputs" and k < search["budget"]:
+            # re-estimate from this step's own per-output scores: the modules still to keep in float
+            rows = self._module_rows([s.to_json() for s in verdict.scores])
+            if not rows:
+                search["stopped"] = f"no variant passed within {k} step(s): its outputs map to no module"
+            else:
+                where = {r["index"]: i for i, r in enumerate(rows)}
+                kept = {where[b] for b in kept_idx if b in where}
+                sel, finding = rp.to_reach(rows, self.thresholds[p], kept)
+                search.setdefault("estimates", []).append({"after_step": k, **finding})
+                if finding.get("futile"):
+                    search["stopped"] = _futile(finding, self.thresholds[p], f"stopped after step {k}",
+                                                f"step {k}'s per-output scores")
+                else:
+                    search["_next"] = (list(kept_idx) + [rows[i]["index"] for i in sel],
+                                       list(names) + [rows[i]["block"] for i in sel])
+                    self._add_repair_step(p)
+        elif search["ranked_by"] != "outputs" and k < min(search["budget"], len(search["_order"])):
             self._add_repair_step(p)
         else:
             search["stopped"] = (f"no variant passed within {k} step(s)" +
@@ -769,7 +834,7 @@ class ComponentJobs:
         self.thresholds[mixed] = self.thresholds[p]
         formats = [b.format for b in self.builds if b.precision == p and b.format in ONNX_FORMATS]
         specs = []
-        for f in sorted(formats, key=lambda f: f == Format.DLC):      # a DLC after its context binary
+        for f in sorted(formats, key=lambda f: (f == Format.DLC, f != Format.ONNX)):   # ONNX, context binary, DLC
             spec = BuildSpec(self.run.opts.recipe.name, self.name, f, mixed, self.run.opts.target.name)
             self.builds.append(spec)
             self.entries.append(None)
@@ -791,7 +856,8 @@ class ComponentJobs:
                               done=lambda job, i=i: self._scored(job, i)))
             else:
                 kind = "score-htp" if spec.format in (Format.DLC, Format.CTX) else "score"
-                self._add(Job(score_id, kind, (lower_id,), label=f"{c}: score {spec.format.value} {mixed.value}",
+                self._add(Job(score_id, kind, (lower_id,) + self._onnx_score(spec),
+                              label=f"{c}: score {spec.format.value} {mixed.value}",
                               bind=lambda jobs, i=i, lower_id=lower_id: self._bind_score(jobs, i, lower_id),
                               done=lambda job, i=i: self._scored(job, i)))
 
@@ -899,7 +965,11 @@ class ComponentJobs:
         search = self.repair.get(spec.precision.base.value) if spec.precision.mixed else None
         if search and search.get("result"):
             e["repair"] = {"from": spec.precision.base.value, "kept_float": search["result"]["kept_float"],
-                           "integer_share": search["result"].get("integer_share")}
+                           **({"weights_16bit": search["result"]["weights_16bit"]}
+                              if search["result"].get("weights_16bit") else {}),
+                           "integer_share": search["result"].get("integer_share"),
+                           "base_share": search["result"].get("base_share"),
+                           **({"scheme": search["result"]["scheme"]} if search["result"].get("scheme") else {})}
         return e
 
     def _line(self, job: Job, text: str = "", failed: bool = False, label: str | None = None,
@@ -979,6 +1049,46 @@ def _scored_low_on_cpu(entries: list[dict], precision: Precision) -> bool:
     mine = [e for e in entries if e["precision"] == precision.value]
     return (any(e["format"] == "onnx" and e["status"] == "rejected" and not e.get("error") for e in mine)
             and not any(e.get("error") for e in mine))
+
+
+PER_CHANNEL = "linears per output channel"
+
+
+def _shares(row: dict, base: Precision) -> str:
+    """A repair step's weight bytes: the share still quantized, and at the base width when less."""
+    share, at_base = row.get("integer_share"), row.get("base_share")
+    if share is None:
+        return ""
+    width = "4" if base == Precision.W4A16 else "8"
+    return (f"; {100 * share:.0f} % of weight bytes still quantized"
+            + (f" ({100 * at_base:.1f} % at {width} bits)" if at_base is not None and at_base < share else ""))
+
+
+def _futile(finding: dict, gate_db: float, what: str, source: str = "the rejected build's per-output scores",
+            how: str = "at 16-bit weights") -> str:
+    """Why an output-ranked repair search stops (jobs/repair.to_reach found no set of modules that can pass)."""
+    if not finding.get("kept"):
+        return f"{what}: no module left to raise that could lift {finding.get('worst', 'its worst output')}"
+    return (f"the loss accumulates over the graph's modules: the {len(finding['kept'])} that add the most noise "
+            f"before {finding['worst']} ({', '.join(finding['kept'])}) {how} would lift its worst output from "
+            f"{finding['worst_db']:.1f} to about {finding['estimate_db']:.1f} dB (estimated from {source}), under "
+            f"the {gate_db:.0f} dB gate, and more than that raises most of the graph: {what}")
+
+
+def _located_failures(entries: list[dict], precision: Precision) -> tuple[str, ...] | None:
+    """The blocks of this precision's failed lowerings, when every failure's diagnosis names one (the
+    node QNN refused, or a finalize failure's likely node: exporters/qnn_diagnose.named) and the ONNX
+    build ran on ORT CPU and scored below its gate. Then ORT ranks the blocks by their dB loss (the
+    quantization's own) and only those blocks are lowered alone on the target's runner, to confirm the
+    failure: at 0.6B Code2Wav's w8a16 attribution on the simulator took 291 s for 11 blocks, the last of
+    them the one whose context binary fails (QNN_COMMON_ERROR_MEM_ALLOC), which the finalize diagnosis
+    already suspects. None: no such failure, or one without a block (attribute on the target as before)."""
+    mine = [e for e in entries if e["precision"] == precision.value]
+    failed = [e for e in mine if e.get("error")]
+    if not failed or not any(e["format"] == "onnx" and e["status"] == "rejected" and not e.get("error") for e in mine):
+        return None
+    blocks = [(e.get("diagnosis") or {}).get("block") or (e.get("diagnosis") or {}).get("likely_block") for e in failed]
+    return None if not all(blocks) else tuple(sorted(set(blocks)))
 
 
 def _link_attribution(entries: list[dict], attribution: dict) -> None:

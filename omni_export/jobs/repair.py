@@ -63,9 +63,72 @@ def integer_share(bits: dict) -> float | None:
     return round(sum(v for k, v in bits.items() if k in ("4", "8", "16")), 4)
 
 
+def base_share(bits: dict, base: Precision) -> float | None:
+    """The share of the weight bytes at the base precision's weight width (8 bits for w8a16 / w8a8,
+    4 for w4a16): what a raise to 16-bit weights takes away while integer_share stays whole."""
+    if not bits:
+        return None
+    return round(float(bits.get("4" if base == Precision.W4A16 else "8", 0.0)), 4)
+
+
 def noise(db: float) -> float:
     """An SNR in dB as the output's noise power relative to its signal."""
     return 10.0 ** (-db / 10.0)
+
+
+def _added_noise(rows: list[dict]) -> tuple[list[int], list[int], dict[int, float]]:
+    """(scored, broken, added): positions with a finite score, those without, and per scored position
+    the noise power its outputs add beyond the worst before it (relative to signal)."""
+    scored = [i for i, r in enumerate(rows) if r.get("snr_db") is not None and r.get("finite", True) is not False]
+    broken = [i for i, r in enumerate(rows) if i not in scored]
+    added: dict[int, float] = {}
+    before = 0.0
+    for i in scored:
+        n = noise(float(rows[i]["snr_db"]))
+        added[i] = max(0.0, n - before)
+        before = max(before, n)
+    return scored, broken, added
+
+
+# what the estimate of a step must clear the gate by (0.6B talker prefill, per-channel linears and five
+# layers at 16-bit weights: estimated 30.70 dB, measured 30.68 on the HTP simulator)
+REACH_MARGIN_DB = 0.25
+# at most this share of the ranked modules raised (kept in float, or at 16-bit weights): past it, a
+# "repaired" build is mostly the higher precision
+MAX_RAISED_SHARE = 0.5
+
+
+def to_reach(rows: list[dict], gate_db: float, kept: set[int] = frozenset(),
+             margin_db: float = REACH_MARGIN_DB) -> tuple[list[int], dict]:
+    """The fewest more modules to raise (keep in float, or at 16-bit weights), from a rejected graph's
+    per-output scores (`rows` as for by_added_noise; `kept`: positions already raised): the largest
+    adders upstream of the worst output,
+    until the estimate lifts it to the gate + `margin_db`, taking at most MAX_RAISED_SHARE of the modules
+    in all. Returns (positions, finding); finding["futile"] when no such set exists (the loss is spread
+    over more modules than that share). A module that failed or gave NaN/Inf is taken first, alone."""
+    import math
+
+    scored, broken, added = _added_noise(rows)
+    broken = [i for i in broken if i not in kept]
+    if broken:
+        return broken, {"futile": False, "broken": [rows[i]["block"] for i in broken]}
+    if not scored:
+        return [], {"futile": True}
+    worst = min(scored, key=lambda i: rows[i]["snr_db"])
+    cap = max(1, int(MAX_RAISED_SHARE * len(rows))) - len(kept)
+    left = noise(float(rows[worst]["snr_db"]))
+    target = noise(gate_db + margin_db)
+    chosen: list[int] = []
+    for i in sorted((i for i in scored if i <= worst and i not in kept), key=lambda i: (-added[i], i)):
+        if left <= target or len(chosen) >= cap:
+            break
+        chosen.append(i)
+        left -= added[i]
+    estimate = -10.0 * math.log10(left) if left > 0 else None
+    return chosen, {"worst": rows[worst]["block"], "worst_db": round(float(rows[worst]["snr_db"]), 3),
+                    "kept": [rows[i]["block"] for i in chosen],
+                    "estimate_db": None if estimate is None else round(estimate, 2),
+                    "futile": not chosen or (estimate is not None and estimate < gate_db)}
 
 
 def by_added_noise(rows: list[dict], gate_db: float, budget: int) -> tuple[list[int], dict]:
@@ -81,14 +144,7 @@ def by_added_noise(rows: list[dict], gate_db: float, budget: int) -> tuple[list[
     finding["futile"] is True when it could not: the loss is spread over many modules, and keeping a
     few in float leaves the worst output under the gate (the 0.6B talker prefill at w8a16: 39.6 dB at
     the first layer's KV, 26.4 dB at the 25th, ~0.1 per mille more noise per layer)."""
-    scored = [i for i, r in enumerate(rows) if r.get("snr_db") is not None and r.get("finite", True) is not False]
-    broken = [i for i, r in enumerate(rows) if i not in scored]
-    added: dict[int, float] = {}
-    before = 0.0
-    for i in scored:
-        n = noise(float(rows[i]["snr_db"]))
-        added[i] = max(0.0, n - before)
-        before = max(before, n)
+    scored, broken, added = _added_noise(rows)
     order = broken + sorted(scored, key=lambda i: (-added[i], i))
     if broken or not scored:
         return order, {"futile": False}

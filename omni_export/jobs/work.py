@@ -164,10 +164,11 @@ def score(spec, ref: GraphRef, indices: list[int] | None):
 
 
 def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, limit: int,
-              only: str | None = None) -> list[dict]:
+              only: str | None = None, on_target: tuple[str, ...] = ()) -> list[dict]:
     """Per block of a BlockChain: lower it alone at `precision`, feed it the fp32 activations in front
     of it, and score it on the target's runner (ORT CPU when `on_cpu`). Rows {block, runner, snr_db, ...}.
-    `only`: that block alone (the block of the node a QNN compile refused, exporters/qnn_diagnose.py)."""
+    `only`: that block alone (the block of the node a QNN compile refused, exporters/qnn_diagnose.py).
+    `on_target`: blocks lowered on the target's runner even when `on_cpu` (a failed compile's block)."""
     from ..core import Precision
     from ..exporters.lower import Lowering
     from ..parity.metrics import score_outputs
@@ -184,7 +185,7 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
             continue
         try:
             lw = Lowering(block, lowering.target, Path(ref.work) / f"block{i}", **_lowering_kwargs(ref))
-            spec = lw.cpu_runner(p) if on_cpu else lw.primary_runner(p)
+            spec = lw.cpu_runner(p) if on_cpu and row["block"] not in on_target else lw.primary_runner(p)
             row["runner"] = spec.label
             scores = score_outputs(block.output_names, block.reference, run_all(spec, block.heldout))
             s = min(scores, key=lambda x: x.snr_db)
@@ -201,11 +202,13 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
 
 
 def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[str], tag: str, runner: str,
-                indices: list[int] | None) -> dict:
+                indices: list[int] | None, per_channel: bool = False, raise_to: str = "float") -> dict:
     """One step of precision repair (jobs/repair.py): the graph quantized at `precision`'s base with the
     nodes of `blocks` (module scopes, exporters.onnx.scope_nodes: a BlockChain's `blocks.3`, a
     transformer's `decoder.layers.24`) kept in float, run on `runner` ("qnn-htp": the HTP
-    simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`). Returns the
+    simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`); with
+    `per_channel`, its linears quantized per output channel (as 1x1 Conv) where the component's are per
+    tensor. Returns the
     intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
     outputs, the share of weight bytes per width and the nodes kept."""
     from ..core import Precision
@@ -216,8 +219,12 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
     p = Precision(precision)
     src = lowering.onnx(Precision.FP32)
     nodes = scope_nodes(src)
-    keep = float_island(src, [n for b in blocks for n in nodes.get(b, [])])
-    path = lowering.quantize_mixed(p, keep, tag)
+    chosen = [n for b in blocks for n in nodes.get(b, [])]
+    if raise_to == "int16":         # the blocks' weights at 16 bits, every node still quantized
+        keep, wide = [], chosen
+    else:
+        keep, wide = float_island(src, chosen), []
+    path = lowering.quantize_mixed(p, keep, tag, True if per_channel else None, wide)
     spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
     held = _mapped(ref, "heldout", spec.input_names)
     outputs = run_all(spec, list(held) if indices is None else [held[i] for i in indices])

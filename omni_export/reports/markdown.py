@@ -183,8 +183,10 @@ def _repair(m: dict) -> list[str]:
             if r:
                 share = r.get("integer_share")
                 head = (f"{md(comp)} {md(pv)} rejected → **{md(r['precision'])}** accepted at step {r['step']}: "
-                        f"{md(', '.join(r['kept_float']))} kept in float"
-                        + ("" if share is None else f", {100 * share:.1f} % of weight bytes still quantized"))
+                        + _kept(r)
+                        + ("" if share is None else f", {100 * share:.1f} % of weight bytes still quantized")
+                        + (f" ({100 * r['base_share']:.1f} % at the base width)"
+                           if r.get("base_share") is not None and share is not None and r["base_share"] < share else ""))
                 sizes = r.get("bytes") or {}
                 parts = [f"{md(f)} " + " / ".join(f"{md(p)} {human_bytes(b)}" for p, b in sorted(v.items()))
                          for f, v in sorted(sizes.items())]
@@ -196,14 +198,25 @@ def _repair(m: dict) -> list[str]:
     return out
 
 
+def _kept(step: dict) -> str:
+    """What a repair step (or its result) changed: the modules kept in float, and its weight scheme."""
+    if step.get("weights_16bit"):
+        kept = f"{md(', '.join(step['weights_16bit']))} at 16-bit weights"
+    else:
+        kept = f"{md(', '.join(step['kept_float']))} kept in float" if step.get("kept_float") else "nothing raised"
+    return kept + (f"; {md(step['scheme'])}" if step.get("scheme") else "")
+
+
 def _repair_table(search: dict) -> list[str]:
     """A precision-repair search (jobs/repair.py) as markdown table lines."""
-    lines = ["| step | kept in float | gated SNR | verdict | weight bytes still quantized |",
+    lines = ["| step | change | gated SNR | verdict | weight bytes still quantized |",
              "|---|---|---|---|---|"]
     for s in search.get("steps", []):
         db = "—" if s.get("snr_db") is None else f"{s['snr_db']:.1f} dB"
         share = "—" if s.get("integer_share") is None else f"{100 * s['integer_share']:.1f} %"
-        kept = ", ".join(s.get("kept_float") or []) or "(none)"
+        if s.get("base_share") is not None and s.get("integer_share") is not None and s["base_share"] < s["integer_share"]:
+            share += f" ({100 * s['base_share']:.1f} % at the base width)"
+        kept = _kept(s)
         lines.append(f"| {s['step']} | {kept} | {db} | {s.get('verdict', s.get('error', ''))} | {share} |")
     return lines
 
