@@ -327,7 +327,9 @@ def test_precision_repair_keeps_the_broken_block_in_float_and_the_result_passes(
         mixed = v[(fmt, "w8a16-mixed")]
         assert mixed["status"] == "accepted" and mixed["parity"]["outputs"][0]["snr_db"] >= GATED
         assert mixed["repair"] == {"from": "w8a16", "kept_float": ["pre_conv", "rvq"],
-                                   "integer_share": search["result"]["integer_share"]}
+                                   "integer_share": search["result"]["integer_share"],
+                                   "base_share": search["result"]["base_share"]}
+        assert mixed["repair"]["base_share"] == pytest.approx(bits["8"], abs=1e-3)
         assert not mixed["files"][0]["path"].startswith("rejected/")
         assert "32" in mixed["details"]["weight_bits"] and "32" not in v[(fmt, "w8a16")]["details"]["weight_bits"]
     report = (tmp_path / "out" / "report.md").read_text()
