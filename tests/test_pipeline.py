@@ -225,6 +225,10 @@ def test_a_located_compile_failure_keeps_only_its_block_on_the_target_and_ranks_
     named = e("dlc", "rejected", "lowering failed: Det", {"node": "d", "block": "blocks.2"})
     assert _located_failures([low, mem], w) == ("blocks.6",)
     assert _located_failures([low, mem, named], w) == ("blocks.2", "blocks.6")
+    # the DLC scored by the failed context binary's run fails with it, without a diagnosis of its own
+    shared = e("dlc", "rejected", "runner failed: code2wav/score/ctx/w8a16 failed: MEM")
+    assert _located_failures([low, mem, shared], w) == ("blocks.6",)
+    assert _located_failures([low, shared], w) is None
     assert _located_failures([low, e("ctx", "rejected", "lowering failed: x")], w) is None      # not located
     assert _located_failures([e("onnx", "accepted"), mem], w) is None        # no loss on ORT to rank by
     assert _located_failures([low, e("ctx", "rejected")], w) is None         # nothing failed

@@ -1084,7 +1084,11 @@ def _located_failures(entries: list[dict], precision: Precision) -> tuple[str, .
     them the one whose context binary fails (QNN_COMMON_ERROR_MEM_ALLOC), which the finalize diagnosis
     already suspects. None: no such failure, or one without a block (attribute on the target as before)."""
     mine = [e for e in entries if e["precision"] == precision.value]
-    failed = [e for e in mine if e.get("error")]
+    # a DLC scored by its context binary's run (the same QNN graph) fails with it: the context
+    # binary's diagnosis is the DLC's too (0.6B Code2Wav w8a16: "runner failed: code2wav/score/ctx/...")
+    ctx_failed = any(e["format"] == "ctx" and e.get("error") for e in mine)
+    failed = [e for e in mine if e.get("error") and not (e["format"] == "dlc" and ctx_failed
+                                                         and not e.get("diagnosis"))]
     if not failed or not any(e["format"] == "onnx" and e["status"] == "rejected" and not e.get("error") for e in mine):
         return None
     blocks = [(e.get("diagnosis") or {}).get("block") or (e.get("diagnosis") or {}).get("likely_block") for e in failed]
