@@ -332,7 +332,7 @@ def _recipe_command(name: str) -> click.Command:
                      help="precision repair: when a quantized build (w8a16, w8a8, w4a16) is rejected, keep its "
                           "worst blocks (per-block attribution) in float, one more per step, until the graph "
                           "passes the same gate on the same runner (a real-size transformer: its linears per "
-                          "output channel first, then the layers an estimate says it needs in float); the result "
+                          "output channel first, then the layers an estimate says it needs at 16-bit weights); the result "
                           "is a build of its own precision, "
                           "e.g. w8a16-mixed, with the blocks kept and the share of weights still 8-bit; off: the "
                           "rejection stands [env OMNI_EXPORT_REPAIR]"),

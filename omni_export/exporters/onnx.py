@@ -581,7 +581,7 @@ INT4_WEIGHTS = ("tensor", "channel", "block")
 INT4_BLOCK = 64
 
 
-def _int4_weights(model) -> dict[str, tuple[str, int]]:
+def _linear_weights(model) -> dict[str, tuple[str, int]]:
     """{weight initializer: (consumer op, output-channel axis)} for the constant weights (input 1) of
     MatMul (rank 2), Conv and ConvTranspose nodes in `model`."""
     inits = {i.name: len(i.dims) for i in model.graph.initializer}
@@ -606,7 +606,7 @@ def int4_overrides(src: Path, layout: str) -> dict:
 
     model = onnx.load(str(src), load_external_data=False)
     out = {}
-    for name, (op, axis) in _int4_weights(model).items():
+    for name, (op, axis) in _linear_weights(model).items():
         o = {"quant_type": QuantType.QInt4, "symmetric": True}
         if not (layout == "tensor" and op == "MatMul"):
             o["axis"] = axis
@@ -622,7 +622,7 @@ def wide_overrides(src: Path, nodes: Sequence[str]) -> dict:
 
     model = onnx.load(str(src), load_external_data=False)
     names = set(nodes) | {f"{n}.conv" for n in nodes}
-    weights = _int4_weights(model)
+    weights = _linear_weights(model)
     out = {}
     for n in model.graph.node:
         if n.name in names and len(n.input) > 1 and n.input[1] in weights:

@@ -628,7 +628,7 @@ class ComponentJobs:
                 order, _ = rp.by_added_noise(rows, self.thresholds[p], opts.repair_steps)
                 # a transformer's MatMul weights are per tensor on the QNN EP: the first step quantizes its
                 # linears per output channel (still every weight 8-bit; the 0.6B talker prefill's w8a16
-                # context binary: 26.4 -> 28.9 dB), the next keep the modules the estimate needs in float
+                # context binary: 26.4 -> 28.9 dB), the next raise the modules the estimate needs
                 per_channel = not self.component.per_channel_linears and p.base != Precision.W4A16
                 sel, finding = rp.to_reach(rows, self.thresholds[p])
                 # and raises a module to 16-bit weights, not float: a float island runs in fp16 on the
