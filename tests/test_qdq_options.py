@@ -63,6 +63,35 @@ def test_linears_as_conv_compute_the_same_and_only_touch_constant_weights(mlp, t
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
+def test_linears_as_conv_streams_external_weights_to_its_own_data_file(mlp, tmp_path):
+    """A source with external weights (every graph past 256 MB): dst gets the same graph, its weights
+    in DST.data of its own (so it outlives nothing of src's), and quantizing per channel leaves no
+    intermediate form behind."""
+    src, calib, held = mlp
+    ext = tmp_path / "ext" / "mlp.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(src)), str(ext), save_as_external_data=True, location=ext.name + ".data",
+              size_threshold=0)
+    inline = ox.linears_as_conv(src, tmp_path / "inline.onnx")
+    streamed = ox.linears_as_conv(ext, tmp_path / "out" / "conv.onnx")
+    assert ox.data_file(streamed).exists()
+    graph = onnx.load(str(streamed), load_external_data=False)
+    assert {e.value for i in graph.graph.initializer for e in i.external_data if e.key == "location"} \
+        == {"conv.onnx.data"}
+    a, b = onnx.load(str(inline)), onnx.load(str(streamed))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in a.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in b.graph.node]
+    arrays = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
+    assert sorted(arrays) == sorted(i.name for i in b.graph.initializer)
+    for i in b.graph.initializer:
+        np.testing.assert_array_equal(numpy_helper.to_array(i), arrays[i.name])
+    for x, y in zip(_run(src, held), _run(streamed, held)):
+        np.testing.assert_allclose(x[0], y[0], rtol=1e-5, atol=1e-5)
+    q = ox.quantize_qdq(ext, tmp_path / "q" / "q.onnx", calib, Precision.W8A16, per_channel_linears=True)
+    assert sorted(p.name for p in q.parent.iterdir()) == ["q.onnx"]
+    assert sorted(_weight_scales(q).values()) == [8, 12]
+
+
 def test_per_channel_linears_quantize_weights_per_output_channel_and_score_higher(mlp, tmp_path):
     src, calib, held = mlp
     plain = ox.quantize_qdq(src, tmp_path / "plain" / "q.onnx", calib, Precision.W8A16)

@@ -568,6 +568,9 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
         from .gptq import round_weights
 
         round_weights(Path(src), dst, calibration)
+    if per_channel_linears:       # the 1x1-Conv form was this quantization's input only
+        Path(src).unlink(missing_ok=True)
+        data_file(Path(src)).unlink(missing_ok=True)
     return dst
 
 
@@ -937,17 +940,25 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     Why: the QNN EP quantizes MatMul weights per tensor (QNN has no per-channel MatMul; onnxruntime's
     get_qnn_qdq_config forces per-tensor even with per_channel=True), Conv weights per output
     channel. Tokens go in the spatial axis: batching them (N = T) broke the quantized prefill on the
-    HTP simulator (7.7 dB logits, 30.5 on ORT CPU) where this layout scores 27.9 dB."""
+    HTP simulator (7.7 dB logits, 30.5 on ORT CPU) where this layout scores 27.9 dB.
+
+    A source with external weights is read one weight at a time and dst's weights are streamed to
+    DST.data: loaded whole and saved inline (1.78 GB, under onnxfile's 1.8 GB), the 0.6B talker
+    prefill's form peaked at 7.2 GiB (shape inference copies the model) and its quantization, parsing
+    that protobuf twice, at 11.1 GiB."""
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(src))
-    model = onnx.shape_inference.infer_shapes(model)
+    external = data_file(src).exists()
+    model = onnx.load(str(src), load_external_data=not external)     # the graph alone when external
+    inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
-              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+              for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    del inferred
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     nodes, k = [], 0
+    conv_of: dict[str, str] = {}            # new Conv weight -> the MatMul weight it transposes
 
     def const(name, values):
         g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
@@ -960,10 +971,9 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
             nodes.append(n)
             continue
         k += 1
-        weight = numpy_helper.to_array(w)                          # [in, out]
-        fan_in, fan_out = weight.shape
+        fan_in, fan_out = w.dims
         conv_w = f"{w.name}.conv{k}"
-        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T[:, :, None, None]), conv_w))
+        conv_of[conv_w] = w.name
         t = [f"{n.output[0]}.lc{k}.{x}" for x in ("x2", "xt", "x4", "y4", "y2", "yt")]
         nodes += [helper.make_node("Reshape", [n.input[0], const(f"lc{k}.s1", [-1, fan_in])], [t[0]]),
                   helper.make_node("Transpose", [t[0]], [t[1]], perm=[1, 0]),
@@ -976,10 +986,46 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     del g.node[:]
     g.node.extend(nodes)
     used = {i for n in g.node for i in n.input}
-    keep = [i for i in g.initializer if i.name in used]
+
+    def conv_weight(name: str) -> np.ndarray:
+        weight = numpy_helper.to_array(inits[conv_of[name]], str(Path(src).parent))    # [in, out]
+        return np.ascontiguousarray(weight.T[:, :, None, None])
+
+    if not external:
+        keep = [i for i in g.initializer if i.name in used]
+        keep += [numpy_helper.from_array(conv_weight(c), c) for c in conv_of]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        onnxfile.save(model, dst)
+        return dst
+    from onnx.external_data_helper import uses_external_data
+
+    data = data_file(dst)
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tensors = []
+    with open(data, "wb") as f:
+        def stream(name: str, array: np.ndarray):
+            t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                 dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
+            f.seek(-(-f.tell() // 4096) * 4096)                       # page-aligned, as onnx writes
+            offset = f.tell()
+            np.ascontiguousarray(array).tofile(f)
+            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(array.nbytes))):
+                t.external_data.add(key=key, value=value)
+            return t
+
+        for i in g.initializer:
+            if i.name not in used:
+                continue
+            if uses_external_data(i):     # an untouched weight, copied one at a time
+                tensors.append(stream(i.name, numpy_helper.to_array(i, str(Path(src).parent))))
+            else:
+                tensors.append(i)
+        for c in conv_of:
+            tensors.append(stream(c, conv_weight(c)))
     del g.initializer[:]
-    g.initializer.extend(keep)
-    onnxfile.save(model, dst)
+    g.initializer.extend(tensors)
+    onnx.save(model, str(dst))
     return dst
 
 
