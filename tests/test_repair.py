@@ -156,6 +156,8 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
             {"name": "new_key_1", "snr_db": 26.4}, {"name": "new_key_2", "snr_db": 31.0}]
     cj.entries[0] = {"component": "talker_prefill", "format": "ctx", "precision": "w8a16", "status": "rejected",
                      "parity": {"outputs": outs}}
+    # the simulator scores 2 of 4 held-out samples: the steps run on those the ONNX build scored worst
+    cj.slow, cj.per_sample["w8a16"] = [0, 3], [(None, 40.0), (None, 25.0), (None, 38.0), (None, 27.0)]
     assert cj._maybe_repair()
     search = cj.repair["w8a16"]
     assert search["ranked_by"] == "outputs" and search["runner"] == "qnn-htp"
@@ -170,6 +172,7 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     g.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
     args = step.bind(g.jobs)[1]
     assert args[3] == [] and args[-2] is True             # no module raised, linears per channel
+    assert args[6] == [1, 3] and search["_indices"] == [1, 3]
     assert step.memory > 0                                # a heavy graph's step holds its estimate on the memory gate
     assert "attribute" not in " ".join(g.jobs)            # no per-block attribution was asked for
 
@@ -225,6 +228,27 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     bad.states["talker_prefill/export"] = {"onnx": {"fp32": str(tmp_path / "bad.onnx")}}
     assert not bad._maybe_repair()
     assert bad.repair["w8a16"]["stopped"] == "its fp32 ONNX could not be read to map its outputs to modules"
+
+
+def test_a_qnn_score_waits_for_the_onnx_score_that_picks_its_samples(tmp_path):
+    """The simulator scores the held-out samples the ONNX build of the same precision scored worst on
+    ORT CPU: a context binary's score job depends on that ONNX score (a DLC shares the context
+    binary's run), and nothing else waits for it."""
+    from omni_export.core import BuildSpec, Format
+    from omni_export.jobs.component import ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from synthetic import stub_run
+
+    specs = [BuildSpec("qwen3-tts", "talker_prefill", f, p, "s25-htp")
+             for f in (Format.ONNX, Format.DLC, Format.CTX, Format.PTE) for p in (Precision.FP16, Precision.W8A16)]
+    g = JobGraph()
+    ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g).plan()
+    for p in ("fp16", "w8a16"):
+        onnx = f"talker_prefill/score/onnx/{p}"
+        assert onnx in g.jobs[f"talker_prefill/score/ctx/{p}"].deps
+        assert g.jobs[f"talker_prefill/score/dlc/{p}"].kind == "score-shared"
+        assert onnx not in g.jobs[f"talker_prefill/score/pte/{p}"].deps
+        assert not any(d.startswith("talker_prefill/score/") for d in g.jobs[onnx].deps)
 
 
 # the 0.6B talker prefill's w8a16 context binary (random weights, 4d07593): each layer's new_key SNR
