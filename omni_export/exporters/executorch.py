@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import Precision
-from .patches.fx_passes import fast_passes, skip_idle_retraces
+from .patches.fx_passes import fast_passes, skip_idle_decompositions, skip_idle_retraces
 from .patches.xnnpack_preprocess import preprocess_shares_weights
 
 SCHEMES = {
@@ -400,7 +400,7 @@ def export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, p
 
     check_method(weight_rounding)
     try:
-        with fast_passes(), skip_idle_retraces(), preprocess_shares_weights():
+        with fast_passes(), skip_idle_retraces(), skip_idle_decompositions(), preprocess_shares_weights():
             return _export_pte(module, example, path, precision, calibration, weight_rounding, consume)
     finally:
         release_lowering_caches()

@@ -1,4 +1,4 @@
-"""Four fixed costs of torch's and ExecuTorch's graph passes, removed without changing what they produce.
+"""Five fixed costs of torch's and ExecuTorch's graph passes, removed without changing what they produce.
 
 1. FX node provenance without the quadratic copy.
 
@@ -40,8 +40,18 @@ ExportPass's own hooks (it overrides none of `call_operator`, `placeholder`, ...
 during the retrace, and always retrace) and the graph is the one the last retrace produced (the same
 nodes, names, targets, arguments and input metadata: `_fingerprint`).
 
+5. No decomposition of a program with nothing to decompose. ExecuTorch's to_edge_transform_and_lower
+runs torch's run_decompositions three times over a program an XNNPACK partitioner takes (to
+functionalize it, with the partitioner's ops kept, then with the default table after the kept ops
+are renamed) and each call retraces every node on fake tensors, whether any node's op is in the table
+or not: three of them were 35 % of the 0.6B talker decode's fp16 .pte lowering (280 s). A program that
+a run_decompositions of the block made is functional already; `skip_idle_decompositions()` returns it
+as is when none of its call_function targets is in the table (ExecuTorch's own test for skipping its
+second pass, `contains_any_call_fn_target_op`), and the .pte is byte-for-byte the same.
+
 `fast_passes()` applies 1-3 for the span of a build (ONNX export and ExecuTorch lowering);
-ExecuTorch's lowering adds `skip_idle_retraces()` (exporters/executorch.py).
+ExecuTorch's lowering adds `skip_idle_retraces()` and `skip_idle_decompositions()`
+(exporters/executorch.py).
 """
 from __future__ import annotations
 
@@ -58,7 +68,8 @@ TARGETS = ("torch.fx.traceback:NodeSource.__init__",
            "torch._export.utils:_collect_all_valid_cia_ops",
            "torch.export.exported_program:_collect_all_valid_cia_ops",
            "torch.export.decomp_utils:_collect_all_valid_cia_ops",
-           "executorch.exir.pass_base:_ExportPassBase.call")
+           "executorch.exir.pass_base:_ExportPassBase.call",
+           "torch.export.exported_program:ExportedProgram.run_decompositions")
 
 _lock = threading.Lock()
 _depths: dict[str, int] = {}
@@ -287,6 +298,48 @@ def skip_idle_retraces():
         _retrace_original = _last_retrace = None
 
     with _nested("retrace", install, restore):
+        yield
+
+
+_decomp_original = None
+_decomposed: "weakref.WeakSet | None" = None   # programs a run_decompositions in the block returned
+decompositions = {"run": 0, "skipped": 0}
+
+
+def _run_decompositions_skipping_idle(self, decomp_table=None, *args, **kwargs):
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    if decomp_table is not None and self in _decomposed \
+            and not contains_any_call_fn_target_op(self.graph_module, list(decomp_table.keys())):
+        decompositions["skipped"] += 1
+        return self
+    out = _decomp_original(self, decomp_table, *args, **kwargs)
+    decompositions["run"] += 1
+    _decomposed.add(out)
+    return out
+
+
+@contextlib.contextmanager
+def skip_idle_decompositions():
+    """Within the block, run_decompositions over a program a run_decompositions of the block made
+    (functional, in inference IR) returns that program when none of its call_function targets is in the
+    table (see 5. above). Nests; restores torch's method when the outermost block exits."""
+    import weakref
+
+    from torch.export import ExportedProgram
+
+    def install():
+        global _decomp_original, _decomposed
+        _decomposed = weakref.WeakSet()
+        _decomp_original, ExportedProgram.run_decompositions = \
+            ExportedProgram.run_decompositions, _run_decompositions_skipping_idle
+
+    def restore():
+        global _decomp_original, _decomposed
+        ExportedProgram.run_decompositions = _decomp_original
+        _decomp_original = _decomposed = None
+
+    with _nested("decompositions", install, restore):
         yield
 
 
