@@ -63,7 +63,9 @@ def test_split_sums_hold_where_fp16_accumulation_loses(long_sums):
 
 
 def test_split_sums_lower_to_one_delegate_and_run(long_sums):
-    """On this host's real runtime (fp32 accumulation) the split program computes the same values."""
+    """On this host's real runtime the split program computes the same values: as the fp32 module where
+    XNNPACK sums fp16 products in fp32 (> 55 dB), as the emulated fp16 accumulators where it sums them
+    in fp16 (an AVX512-FP16 host: 51.2 dB on an Intel Xeon, seed 1; > 49 as above)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
@@ -80,4 +82,6 @@ def test_split_sums_lower_to_one_delegate_and_run(long_sums):
         out = program.load_method("forward").execute([x])[0]
     finally:
         release_lowering_caches()
-    assert snr(ref.numpy(), out.numpy()) > 55
+    from omni_export.cpu import cpu_facts
+
+    assert snr(ref.numpy(), out.numpy()) > (49 if cpu_facts()["xnnpack_fp16_accumulation"] == "fp16" else 55)

@@ -322,3 +322,22 @@ def test_wide_weights_quantize_the_named_layers_weights_at_16_bits_and_nothing_i
     assert len(widths) == 3 and len(wide) == 1 and any(wide[0].startswith(n) for n in nodes)
     bits = ox.weight_bits(q)
     assert set(bits) == {"8", "16"} and bits["16"] > 0
+
+
+def test_a_block_ranked_search_stops_when_its_gains_so_far_cannot_reach_the_gate_within_the_budget():
+    """One more block per step: after two steps, the steps left at the mean gain so far must be able to
+    reach the gate. Real searches: the 0.6B code2wav_n2 (26.0, 26.9, then 27.6, 28.8 dB: rejected at
+    step 4) stops after step 2; the demo Code2Wav (27.2, 29.1, then 30.5 dB accepted) goes on."""
+    from omni_export.jobs.component import _block_projection
+
+    def steps(*dbs):
+        return [{"step": i + 1, "snr_db": db} for i, db in enumerate(dbs)]
+
+    assert _block_projection(steps(26.0), 4, 30.0) is None                 # one step: no gain to go by
+    stop = _block_projection(steps(26.0, 26.9), 4, 30.0)
+    assert stop == ("stopped after step 2: at the 0.9 dB a step has gained so far, the 2 step(s) left "
+                    "(--repair-steps) would reach about 28.7 dB, under the 30 dB gate")
+    assert _block_projection(steps(27.2, 29.1), 4, 30.0) is None
+    assert _block_projection(steps(26.0, 26.9), 8, 30.0) is None          # a larger budget can get there
+    assert _block_projection(steps(26.0, 25.0), 6, 30.0).startswith("stopped after step 2: at the -1.0 dB")
+    assert _block_projection(steps(26.0, None), 4, 30.0) is None          # a failed step stops on its own
