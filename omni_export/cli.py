@@ -338,7 +338,8 @@ def _recipe_command(name: str) -> click.Command:
                           "rejection stands [env OMNI_EXPORT_REPAIR]"),
         click.Option(["--repair-steps"], type=click.IntRange(0, 64), default=4, show_default=True, metavar="N",
                      help="precision repair's budget: at most N re-quantize, compile and score steps per rejected "
-                          "precision of a component"),
+                          "precision of a component; a search that adds one block per step stops sooner when, at "
+                          "the gain of its steps so far, the steps left could not reach the gate"),
         click.Option(["--place"], multiple=True, metavar="COMPONENT=UNIT",
                      help="run COMPONENT on UNIT of the target: npu (the Hexagon NPU; scored on the HTP simulator), "
                           "gpu (the Adreno GPU; judged on ONNX Runtime CPU at the same precision by proxy, re-judged "
