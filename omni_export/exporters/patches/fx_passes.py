@@ -44,10 +44,13 @@ nodes, names, targets, arguments and input metadata: `_fingerprint`).
 runs torch's run_decompositions three times over a program an XNNPACK partitioner takes (to
 functionalize it, with the partitioner's ops kept, then with the default table after the kept ops
 are renamed) and each call retraces every node on fake tensors, whether any node's op is in the table
-or not: three of them were 35 % of the 0.6B talker decode's fp16 .pte lowering (280 s). A program that
-a run_decompositions of the block made is functional already; `skip_idle_decompositions()` returns it
-as is when none of its call_function targets is in the table (ExecuTorch's own test for skipping its
-second pass, `contains_any_call_fn_target_op`), and the .pte is byte-for-byte the same.
+or not: the three were 35 % of the profiled samples of the 0.6B talker decode's fp16 .pte lowering. A
+program that a run_decompositions of the block made is functional already; `skip_idle_decompositions()`
+returns it as is when none of its call_function targets is in the table (ExecuTorch's own test for
+skipping its second pass, `contains_any_call_fn_target_op`), and the .pte is byte-for-byte the same.
+What it saves depends on the graph: the demo's small graphs skip one or two of the calls, but the 0.6B
+talker decode's fp16 lowering went only from 344.9 to 336.4 s (one run each, one host:
+docs/benchmarks.md, 4c8d28c), so most of those samples were calls that do decompose.
 
 `fast_passes()` applies 1-3 for the span of a build (ONNX export and ExecuTorch lowering);
 ExecuTorch's lowering adds `skip_idle_retraces()` and `skip_idle_decompositions()`
