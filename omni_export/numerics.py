@@ -14,8 +14,9 @@ from .core import Format, Precision
 
 VERSIONS = {
     "capture": 1,     # captured inputs and fp32 references: captured.py, trace.py, weights.py, blocks.py
-    "onnx": 2,        # the fp32 ONNX and the HTP-safe rewrites: exporters/onnx.py (export), rewrites.py, patches/
+    "onnx": 3,        # the fp32 ONNX and the HTP-safe rewrites: exporters/onnx.py (export), rewrites.py, patches/
                       # 2: no Python stack traces (source paths) in the nodes' metadata
+                      # 3: the HTP targets' default rewrites add sin_dense (a narrow sin in a dense layout)
     "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
     "quantize": 1,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid

@@ -10,7 +10,7 @@ from dataclasses import replace
 from .core import UNIT_NAMES, UNITS, Format, Placement, Precision, Target, UsageError
 
 # HTP-safe rewrites (exporters/rewrites.py), listed here so the CLI needs no torch import.
-REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly", "conv_polyphase")
+REWRITE_NAMES = ("pow_mul", "act_barrier", "sin_poly", "sin_dense", "conv_polyphase")
 
 _HTP_FORMATS = (Format.ONNX, Format.DLC, Format.CTX, Format.PTE)
 _HTP_LADDER = (Precision.FP16, Precision.W8A16)
@@ -53,7 +53,7 @@ TARGETS: dict[str, Target] = {
             name="s25-htp", device="Samsung Galaxy S25 (Snapdragon 8 Elite), Hexagon NPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier", "conv_polyphase"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
+            rewrites=("pow_mul", "act_barrier", "sin_dense", "conv_polyphase"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
             default_placement=_HTP_ALL, units={"htp": _HTP_ALL, **_PHONE},
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
@@ -61,7 +61,7 @@ TARGETS: dict[str, Target] = {
             name="s24-htp", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3), Hexagon NPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=_HTP_FORMATS,
             default_precisions=_HTP_LADDER, hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier", "conv_polyphase"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
+            rewrites=("pow_mul", "act_barrier", "sin_dense", "conv_polyphase"), precisions=_HTP_PRECISIONS, precision_note=_HTP_NOTE,
             default_placement=_HTP_ALL, units={"htp": _HTP_ALL, **_PHONE},
             doc="every component on the HTP (NPU); fp16 and calibrated w8a16",
         ),
@@ -69,7 +69,7 @@ TARGETS: dict[str, Target] = {
             name="s25", device="Samsung Galaxy S25 (Snapdragon 8 Elite): Hexagon NPU + Adreno GPU",
             soc="SM8750", soc_model="69", htp_arch="79", formats=(Format.ONNX, Format.DLC, Format.CTX),
             default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S25 (Family)",
-            rewrites=("pow_mul", "act_barrier", "conv_polyphase"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
+            rewrites=("pow_mul", "act_barrier", "sin_dense", "conv_polyphase"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
             roles=_VOCODER_ON_GPU, default_placement=_LM_NPU, units={"htp": _LM_NPU, **_PHONE},
             doc="the language model on the NPU at fp16, vocoders (Code2Wav, HiFT) on the Adreno GPU at fp32",
         ),
@@ -77,7 +77,7 @@ TARGETS: dict[str, Target] = {
             name="s24", device="Samsung Galaxy S24 (Snapdragon 8 Gen 3): Hexagon NPU + Adreno GPU",
             soc="SM8650", soc_model="57", htp_arch="75", formats=(Format.ONNX, Format.DLC, Format.CTX),
             default_precisions=(Precision.FP16, Precision.FP32), hub_device="Samsung Galaxy S24 (Family)",
-            rewrites=("pow_mul", "act_barrier", "conv_polyphase"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
+            rewrites=("pow_mul", "act_barrier", "sin_dense", "conv_polyphase"), precisions=_HET_PRECISIONS, precision_note=_HET_NOTE,
             roles=_VOCODER_ON_GPU, default_placement=_LM_NPU, units={"htp": _LM_NPU, **_PHONE},
             doc="the language model on the NPU at fp16, vocoders (Code2Wav, HiFT) on the Adreno GPU at fp32",
         ),

@@ -45,7 +45,7 @@ def test_list_names_recipes_components_targets_precisions_formats():
                                   "talker_decode_part1, talker_decode_part2, predictor_prefill, predictor_decode, "
                                   "predictor_frame, code2wav, speaker_encoder, speech_encoder"),
     (["--gate", "fp16"], "--gate expects PRECISION=DB items like fp16=45, got 'fp16'"),
-    (["--rewrites", "magic"], "unknown rewrite 'magic'; valid: pow_mul, act_barrier, sin_poly, conv_polyphase, none"),
+    (["--rewrites", "magic"], "unknown rewrite 'magic'; valid: pow_mul, act_barrier, sin_poly, sin_dense, conv_polyphase, none"),
     (["--target", "cpu", "--formats", "dlc"], "target cpu does not build dlc; its formats: onnx, pte"),
     (["--target", "s25-htp", "--precision", "fp32", "--formats", "dlc"],
      "target s25-htp cannot run fp32 (the HTP has no fp32 datapath); valid precisions for s25-htp: fp16, w8a16, w8a8, w4a16"),

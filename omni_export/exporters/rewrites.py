@@ -17,6 +17,18 @@ at 40001). The strided conv becomes a stride-1 conv over the input folded into i
 pow_mul: x ** 2 on HTP fp16 scored 25 dB after the polynomial sin (x * x: 58 dB); small integer
 powers become repeated multiplies.
 
+sin_dense: `sin` is the HTP's dearest elementwise op (QNN 2.51 simulator, fp16, profiled cycles
+per element: sin ~300 on a wide activation, round ~70, abs ~1.4), and far dearer on an [N, C, T]
+activation with few channels: ~1700 at 6 channels, ~3000 at 3, as the layout's tiles mostly hold
+padding. The vocoders' SnakeBeta runs it over every activation of the upsampling stack, whose last
+blocks are that narrow (the demo Code2Wav's sin was 69 % of its 4.0 G simulated cycles). A `sin`
+over fewer than 8 channels runs on the same values flattened, zero-padded and viewed as
+[1, 64, n]; only the layout differs, not one value. Snake over 3 channels x 23127 samples: 252 ->
+86 M cycles; 6 x 71040: 850 -> 305 M; at 12 channels the two layout changes cost what the sin saves
+(24 -> 27 M), so wider ones stay. A polynomial in cheap ops does not help: the scalar adds of its
+Horner steps cost ~60 cycles per element and its small products reach fp16 subnormals, which the
+simulator computes slowly (sin_poly: 2-4x the cycles of sin).
+
 act_barrier: the HTP compiler fuses MatMul / Conv + sigmoid, tanh, GELU or SiLU into a fp16
 epilogue that costs 15-25 dB (QNN 2.51 simulator: sigmoid(linear(x)) 48 dB, tanh(linear(x)) 44 dB,
 GELU 51 dB, against 66-73 dB for the same activation on its own). An exact x * 2 * 0.5 in front of
@@ -45,6 +57,61 @@ def sin_poly(x: torch.Tensor) -> torch.Tensor:
     for c in _SIN_COEFFS[1:]:
         p = p * z2 + c
     return torch.sign(r) * z * p
+
+
+# The dense shape [1, DENSE_ROWS, n], n a multiple of DENSE_COLS (the flattened values zero-padded).
+DENSE_ROWS, DENSE_COLS = 64, 32
+# Below this many channels the dense sin pays for its two layout changes (simulated cycles of
+# Snake: 3 channels 252 -> 86 M, 6 channels 850 -> 305 M, 12 channels 24 -> 27 M).
+NARROW_CHANNELS = 8
+
+
+def _narrow(val) -> bool:
+    """An [N, C, T] activation with so few channels that the HTP's tiles mostly hold padding."""
+    return isinstance(val, torch.Tensor) and val.dim() == 3 and val.shape[1] < NARROW_CHANNELS
+
+
+def _narrow_sin(node) -> bool:
+    val = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+    return _narrow(val)
+
+
+def dense_sin(graph, node) -> None:
+    """Run a narrow `sin` node on its input flattened, zero-padded and viewed as [1, DENSE_ROWS, n];
+    its users get the result cut and viewed back. A graph pass: a decomposition of aten.sin could
+    not call aten.sin itself."""
+    if not _narrow_sin(node):
+        return
+    aten = torch.ops.aten
+    x, val = node.args[0], node.args[0].meta["val"]
+    numel, block = val.numel(), DENSE_ROWS * DENSE_COLS
+    padded = -(-numel // block) * block
+    steps_in = [(aten.reshape.default, ([numel],))]
+    if padded > numel:
+        steps_in.append((aten.constant_pad_nd.default, ([0, padded - numel], 0.0)))
+    steps_in.append((aten.view.default, ([1, DENSE_ROWS, padded // DENSE_ROWS],)))
+    steps_out = [(aten.view.default, ([padded],))]
+    if padded > numel:
+        steps_out.append((aten.slice.Tensor, (0, 0, numel)))
+    steps_out.append((aten.view.default, (list(val.shape),)))
+
+    def chain(src, steps):
+        cur, v = src, src.meta["val"]
+        for op, args in steps:
+            v = op(v, *args)
+            cur = graph.call_function(op, (cur, *args))
+            cur.meta = {**src.meta, "val": v}
+        return cur
+
+    with graph.inserting_before(node):
+        dense = chain(x, steps_in)
+    node.args = (dense, *node.args[1:])
+    node.meta = {**node.meta, "val": aten.sin.default(dense.meta["val"])}
+    users = list(node.users)
+    with graph.inserting_before(node.next):         # in order, right after the sin
+        back = chain(node, steps_out)
+    for user in users:
+        user.replace_input_with(node, back)
 
 
 def pow_mul(x: torch.Tensor, exponent) -> torch.Tensor:
@@ -121,6 +188,12 @@ ACTIVATIONS = (torch.ops.aten.sigmoid.default, torch.ops.aten.tanh.default, torc
 REWRITES: dict[str, Rewrite] = {
     "sin_poly": Rewrite("sin_poly", torch.ops.aten.sin.default, sin_poly,
                         "sin -> range reduction to [-pi/2, pi/2] + odd polynomial to z^11", onnx_ops=("Sin",)),
+    "sin_dense": Rewrite("sin_dense", torch.ops.aten.sin.default, dense_sin,
+                         "sin over an [N, C, T] activation with fewer than 8 channels -> the same sin over "
+                         "its values flattened and viewed as [1, 64, n]: sin is the HTP's dearest elementwise "
+                         "op, ~10x dearer in a narrow layout (Snake over 3 channels: 519 -> 34 M simulated "
+                         "cycles, same SNR)",
+                         graph_pass=True, when=_narrow_sin),          # keeps the Sin: avoids no failure on it
     "pow_mul": Rewrite("pow_mul", torch.ops.aten.pow.Tensor_Scalar, pow_mul,
                        "x ** n (n = 2..4) -> repeated multiply; HTP's fp16 Pow loses ~30 dB on x ** 2", onnx_ops=("Pow",)),
     "conv_polyphase": Rewrite("conv_polyphase", torch.ops.aten.conv1d.default, conv_polyphase,
