@@ -162,6 +162,27 @@ def test_heavy_alone_jobs_never_overlap_other_heavy_jobs_but_light_jobs_go_on():
     assert ex.most_heavy == 1 and ex.most >= 2
 
 
+def test_a_waiting_alone_job_is_not_passed_and_short_heavy_jobs_fill_the_wait():
+    """At 4c8d28c (0.6B) the talker's alone quantizations waited while .pte lowerings of a lane went
+    ahead of them one after another, and no other heavy job could pass them: one core idle for 600 s.
+    Now an alone job that waits has the next turn, and a heavy job starts before it only if it is
+    expected to end by the time the running heavy jobs end."""
+    log: list = []
+    est = {"pte0": 0.4, "pte1": 0.4, "alone": 0.1, "long": 1.0, "short": 0.05}
+    prio = {"pte0": 10, "pte1": 9, "alone": 8, "long": 7, "short": 1}
+    g = JobGraph()
+    for jid, secs in est.items():
+        g.add(Job(jid, "x", memory=10, alone=jid == "alone", lane="pte-lower" if jid.startswith("pte") else None,
+                  bind=lambda jobs, jid=jid, secs=secs: (sleeper, (secs, log, jid))))
+    Scheduler(g, ThreadExecutor(2), MemoryGate(budget=1000, alone=True), priority=lambda: prio,
+              seconds=lambda job: est[job.id]).run()
+    at = {e: log.index(e) for e in log}
+    assert at[("start", "short")] < at[("end", "pte0")]           # backfilled beside the lowering
+    assert at[("start", "alone")] < at[("start", "pte1")]          # the lane did not pass it again
+    assert at[("start", "alone")] < at[("start", "long")]          # too long to go before it
+    assert at[("end", "alone")] <= min(at[("start", "pte1")], at[("start", "long")])   # and it ran alone
+
+
 def test_jobs_of_one_lane_run_one_at_a_time_beside_other_heavy_jobs():
     """Big ExecuTorch lowerings (memory.lane): at 4bce34b two 0.6B talker .pte lowerings at once set the
     build's peak. A lane's jobs never overlap each other; other heavy jobs still run beside them, and the

@@ -10,6 +10,9 @@
   rules: a job always starts when nothing else is held, so a tight budget is slower, never stuck;
   `alone` jobs run with nothing heavy beside them unless a --max-memory budget lets them overlap).
   The scheduler only starts a heavy job whose reservation fits now; it never blocks on the gate.
+- An `alone` job that waits for the heavy jobs running now has the next turn: another heavy job may
+  start before it only if it is expected to end by the time those end (backfilling, by the cost
+  model's seconds), so the waiting job is never delayed and no core idles meanwhile.
 - A worker job that raises fails, and so does every job below it, each told why. Ctrl-C, a fatal
   error (a full disk, a bad input) and a failed driver job stop the build: running jobs are terminated.
 """
@@ -30,7 +33,7 @@ class Scheduler:
     def __init__(self, graph: JobGraph, executor, gate=None, on_start: Callable[[Job], None] | None = None,
                  on_end: Callable[[Job], None] | None = None, is_fatal: Callable[[BaseException], bool] | None = None,
                  on_status: Callable[[list, int, int], None] | None = None, results=None,
-                 priority: Callable[[], dict] | None = None):
+                 priority: Callable[[], dict] | None = None, seconds: Callable[[Job], float] | None = None):
         from ..memory import NO_GATE
 
         self.graph = graph
@@ -44,6 +47,8 @@ class Scheduler:
         # job id -> its critical-path priority (eta.Eta.priority: the cost model's seconds and the late
         # jobs the last run added); the graph's own estimates without one
         self.priority = priority or graph.remaining_path
+        # a job's expected seconds (eta.Eta.seconds: the cost model's), for backfilling
+        self.seconds = seconds or (lambda job: job.estimate)
         self._keys: dict[str, str] = {}
         self._driver = cf.ThreadPoolExecutor(1, thread_name_prefix="driver-job")
         self._running: dict[cf.Future, Job] = {}
@@ -64,7 +69,14 @@ class Scheduler:
 
     def _start_ready(self) -> None:
         rem = self.priority()
-        heavy_held_back = False        # an `alone` job waits: nothing heavy may start before it
+        now = time.time()
+        # An `alone` job that could not start waits for the heavy jobs running now; until it starts, a
+        # heavy job may go first only if it is expected to end by then. At 4c8d28c (0.6B) the talker's
+        # quantizations and compiles waited while one .pte lowering after another (150-320 s each, a
+        # lane) went ahead of them, and nothing else heavy could pass them: one core worked for 600 s.
+        heavy_end = max((j.started + self.seconds(j) for j in self._running.values() if j.memory > 0), default=now)
+        alone_waits = any(self.graph.jobs[jid].alone and self.graph.jobs[jid].state == "waiting"
+                          for jid in self._waiting_since if jid in self.graph.jobs)
         for job in sorted(self.graph.ready(), key=lambda j: -rem[j.id]):
             if job.where == "driver":
                 if self._driver_busy():
@@ -73,17 +85,19 @@ class Scheduler:
                 continue
             if job.lane and any(j.lane == job.lane for j in self._running.values()):
                 continue
-            if job.memory > 0 and heavy_held_back:
+            if job.memory > 0 and alone_waits and not job.alone and now + self.seconds(job) > heavy_end:
                 continue
             if not self._fits(job):
                 if job.id not in self._waiting_since:
                     self._waiting_since[job.id] = time.monotonic()
                     self.gate.waits += 1
-                heavy_held_back = heavy_held_back or job.alone
+                alone_waits = alone_waits or job.alone
                 continue
             if job.id in self._waiting_since:
                 self.gate.waited_s += time.monotonic() - self._waiting_since.pop(job.id)
             self._start(job)
+            if job.memory > 0:
+                heavy_end = max(heavy_end, now + self.seconds(job))
 
     def _start(self, job: Job) -> None:
         job.state, job.started = "running", time.time()
@@ -223,7 +237,8 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
     results = JobStore(opts.out) if not opts.force else None      # --force: nothing answered from it
     sched = Scheduler(graph, executor, gate, on_start=lambda j: build.progress.job_started(j.label),
                       is_fatal=lambda e: is_disk_full(e) or isinstance(e, UsageError), on_status=on_status,
-                      results=results, priority=build.eta.eta.priority if build.eta is not None else None)
+                      results=results, priority=build.eta.eta.priority if build.eta is not None else None,
+                      seconds=(lambda j: build.eta.eta.seconds(j)[0]) if build.eta is not None else None)
     try:
         sched.run()
     finally:
