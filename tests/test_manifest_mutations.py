@@ -467,3 +467,17 @@ def test_any_mutation_of_a_real_manifest_is_read_or_refused_in_one_line(arena, s
 
     check()
     assert _digest(small_build) == pristine
+
+
+def test_every_cut_of_a_manifest_text_is_called_truncated():
+    """Wherever a manifest is cut -- inside a string, a number, `true` / `false` / `null`, between values --
+    the one-line error says the text ends early. At 257976f a cut at the half of the demo's manifest
+    fell inside a literal, and the reason lost its "truncated?"."""
+    from omni_export.artifacts.manifest import parse_manifest
+    from omni_export.core import UsageError
+
+    text = json.dumps({"a": [True, False, None, -1.5e-3, 12, "x y"], "b": {"c": -7, "d": 0.25, "e": "zz"}}, indent=1)
+    for k in range(1, len(text) - 1):
+        with pytest.raises(UsageError) as e:
+            parse_manifest(text[:k].encode(), "m.json")
+        assert str(e.value).endswith("(the text ends early: truncated?)"), (text[:k], str(e.value))

@@ -19,6 +19,11 @@ TOOL_PACKAGES = ("omni-export", "torch", "executorch", "torchao", "onnx", "onnxs
                  "onnxruntime-qnn", "qai-hub", "numpy", "safetensors")
 
 
+# What is left after a JSON error when the text was cut inside its last token: a prefix of a literal or
+# a number (the empty string too).
+_INCOMPLETE_TOKEN = re.compile(r"-?[0-9.eE+-]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|N(aN?)?|-?I(n(f(i(n(i(ty?)?)?)?)?)?)?")
+
+
 def package_version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -155,7 +160,8 @@ def parse_manifest(data: bytes, file: str | Path) -> dict:
         what = e.msg
         if what.startswith("Unterminated string"):
             what = "a string starts here and never ends"
-        ends = what != e.msg or not text[e.pos:].strip()
+        # the text ends early: nothing after the error, or only the cut last token (`tr`, `-`, `1e`)
+        ends = what != e.msg or _INCOMPLETE_TOKEN.fullmatch(text[e.pos:].strip()) is not None
         raise UsageError(f"{file}: not valid JSON at line {e.lineno} column {e.colno}: {what}"
                          + (" (the text ends early: truncated?)" if ends else "")) from None
     except _DuplicateKey as e:
