@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # Seconds a job of each kind takes before one has been measured: only the order of the ready queue
-# depends on them (longest remaining chain first), never a result. From the demo build at 0482a29.
+# depends on them (longest remaining chain first), never a result. From the demo build at 0482a29; an
+# end-to-end part from 5a31acf's (52-55 s on the Intel host: at 30 s the rows ranked last and ran last).
 DEFAULT_SECONDS = {"trace": 5.0, "export": 4.0, "fp16": 2.0, "quantize": 3.0, "lower": 3.0, "lower-pte": 15.0,
                    "lower-ctx": 3.0, "lower-dlc": 2.0, "score": 4.0, "score-htp": 10.0, "attribute": 20.0,
-                   "e2e": 30.0, "record": 2.0, "repair": 10.0}
+                   "e2e": 55.0, "record": 2.0, "repair": 10.0}
 # Seconds per GiB of a graph's fp32 weights, for the jobs of a graph past 256 MB (component.HEAVY_BYTES),
 # whose jobs take minutes, not the demo's seconds. Rounded from the 0.6B talker graphs (1.7 GiB) at
 # 98f3437e and 3a3aed8: the simulator's runs of 2 held-out samples 48-281 s, .pte lowering 250-350 s,
