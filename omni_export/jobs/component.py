@@ -532,12 +532,13 @@ class ComponentJobs:
         self._line(job)
         self._close(job)
 
-    def _judged(self, p: Precision) -> list[dict] | None:
-        """The entries of `p`'s ONNX-family builds (what attribution and repair read) once every one of
-        them is judged, else None. A precision's follow-ups start then, not when the component's last
-        job ends: at 0.6B, Code2Wav's w8a16 attribution waited for its fp16 .pte lowering and
-        simulator runs, and ran at the build's end with one core idle."""
-        mine = [e for b, e in zip(self.builds, self.entries) if b.precision == p and b.format != Format.PTE]
+    def _judged(self, p: Precision, formats: tuple[Format, ...] | None = None) -> list[dict] | None:
+        """The entries of `p`'s ONNX-family builds (what attribution and repair read; of `formats` only,
+        when given) once every one of them is judged, else None. A precision's follow-ups start then,
+        not when the component's last job ends: at 0.6B, Code2Wav's w8a16 attribution waited for its
+        fp16 .pte lowering and simulator runs, and ran at the build's end with one core idle."""
+        mine = [e for b, e in zip(self.builds, self.entries) if b.precision == p and b.format != Format.PTE
+                and (formats is None or b.format in formats)]
         return None if not mine or any(e is None for e in mine) else mine
 
     def _judged_by(self, p: Precision) -> tuple[str, ...]:
@@ -587,10 +588,12 @@ class ComponentJobs:
         started = False
         for p in sorted({b.precision for b in self.builds if b.precision.quantized and not b.precision.mixed},
                         key=list(Precision).index):
-            if p.value in self.repair or self._judged(p) is None:
-                continue
             primary = rp.search_primary(self.builds, p, self._htp())
-            if primary is None or not rp.wants_repair(entries, p, primary):
+            # the search reads the ONNX's and its runner's builds only: at 0.6B the talker prefill's
+            # repair waited 480 s for its w8a16 DLC, lowered late though its score is the context binary's
+            if p.value in self.repair or primary is None or self._judged(p, (Format.ONNX, primary)) is None:
+                continue
+            if not rp.wants_repair(entries, p, primary):
                 continue
             heavy = self.info.get("weight_bytes", 0) >= HEAVY_BYTES
             if heavy and not self.info.get("block_chain"):
@@ -611,7 +614,7 @@ class ComponentJobs:
                 ranked_by = "attribution"
                 if rows is None:
                     if self._id("attribute", p.value) not in self.graph.jobs:
-                        self._add_attribution(p, on_cpu=_scored_low_on_cpu(self._judged(p), p))
+                        self._add_attribution(p, on_cpu=_scored_low_on_cpu(self._judged(p, (Format.ONNX, primary)), p))
                         started = True
                     continue
                 rows = [{**r, "index": f"blocks.{i}"} for i, r in enumerate(rows)]
