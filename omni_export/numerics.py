@@ -18,7 +18,8 @@ VERSIONS = {
                       # 2: no Python stack traces (source paths) in the nodes' metadata
                       # 3: the HTP targets' default rewrites add sin_dense (a narrow sin in a dense layout)
     "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
-    "quantize": 1,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
+    "quantize": 2,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
+                      # 2: large 16-bit tables as 8-bit codes with a scale per row (tables_per_row)
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
                       # 2: int4 only for MatMul / Conv weights (other constants as w8a16), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)

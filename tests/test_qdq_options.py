@@ -410,3 +410,91 @@ def test_w4a16_block_int4_beats_per_tensor_on_outlier_channels_and_compiles_for_
     session = qnn_ep.session(q["block"], qnn_ep.provider_options("69", "79", fp16=False, finalize="1"))
     htp = np.concatenate([session.run(None, h)[0] for h in held])
     assert snr(ref, htp) > db["tensor"] + 9, (snr(ref, htp), db)
+
+
+def _lookups(path, rng):
+    """codes [1, 4, 6] int64 -> three table lookups summed with a MatMul's output: `rvq` [4 * 256, 32]
+    (rows of spread norms, an RVQ's codebooks), `narrow` [512, 32] with a column 400x smaller than the
+    others, `rope` [8, 32] (too small to matter); the lookups Gather on axis 0."""
+    rvq = rng.standard_normal((4 * 256, 32)) * rng.uniform(0.2, 3.0, (4 * 256, 1))
+    narrow = rng.standard_normal((512, 32))
+    narrow[:, 5] *= 1 / 400
+    rope = np.cos(np.arange(8)[:, None] * np.linspace(0.01, 1, 32)[None])
+    w = rng.standard_normal((32, 32)) * 0.2
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in
+             ((rvq, "rvq"), (narrow, "narrow"), (rope, "rope"), (w, "w"))]
+    inits.append(numpy_helper.from_array(np.array([0, 256, 512, 768], np.int64).reshape(1, 4, 1), "offsets"))
+    nodes = [helper.make_node("Add", ["codes", "offsets"], ["idx"]),
+             helper.make_node("Gather", ["rvq", "idx"], ["e"], name="rvq_lookup", axis=0),
+             helper.make_node("ReduceSum", ["e", "one"], ["es"], keepdims=0),
+             helper.make_node("Gather", ["narrow", "codes"], ["n"], name="narrow_lookup", axis=0),
+             helper.make_node("ReduceSum", ["n", "one"], ["ns"], keepdims=0),
+             helper.make_node("Gather", ["rope", "pos"], ["r"], name="rope_lookup", axis=0),
+             helper.make_node("MatMul", ["es", "w"], ["h"]),
+             helper.make_node("Add", ["h", "ns"], ["hn"]), helper.make_node("Mul", ["hn", "r"], ["y"])]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
+    g = helper.make_graph(nodes, "lookups", [helper.make_tensor_value_info("codes", TensorProto.INT64, [1, 4, 6]),
+                                             helper.make_tensor_value_info("pos", TensorProto.INT64, [6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 32])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(path))
+    return path
+
+
+def test_large_tables_go_8_bit_with_a_scale_per_row_where_every_column_keeps_its_precision(tmp_path, monkeypatch):
+    """w8a16 quantizes a table lookup's constant at the activations' 16 bits, one scale for the table
+    (all the HTP's Gather takes). tables_per_row stores a table past TABLE_MIN_SHARE of the weight bytes
+    as 8-bit codes with a 16-bit scale per row, gathered beside the codes and multiplied in: half the
+    bytes, ~45 dB per lookup where one 8-bit scale gave ~30. A table whose column would lose its
+    precision (400x smaller than the rest) keeps 16 bits; a small table (RoPE) is left as it was. The
+    graph scores as before on ORT CPU and on the HTP simulator."""
+    from omni_export import qnn_ep
+    from omni_export.parity.metrics import snr
+
+    rng = np.random.default_rng(0)
+    src = _lookups(tmp_path / "m.onnx", rng)
+    feed = lambda: {"codes": rng.integers(0, 256, (1, 4, 6)), "pos": rng.integers(0, 8, 6)}   # noqa: E731
+    calib, held = [feed() for _ in range(8)], [feed() for _ in range(4)]
+    q = ox.quantize_qdq(src, tmp_path / "q" / "m.onnx", calib, Precision.W8A16)
+    m = onnx.load(str(q))
+    inits = {i.name: i for i in m.graph.initializer}
+    gathers = {n.name: n for n in m.graph.node if n.op_type == "Gather"}
+    producer = {o: n for n in m.graph.node for o in n.output}
+    table = lambda g: inits[producer[gathers[g].input[0]].input[0]]                        # noqa: E731
+    assert table("rvq_lookup_rows8").data_type == TensorProto.UINT8
+    assert list(table("rvq_lookup_rows8").dims) == [1024, 32]
+    assert list(table("rvq_lookup_rowscale").dims) == [1024, 1]
+    assert table("rvq_lookup_rowscale").data_type == TensorProto.UINT16
+    assert table("narrow_lookup").data_type == TensorProto.UINT16 and table("rope_lookup").data_type == TensorProto.UINT16
+    assert "rvq_lookup" not in gathers and "rvq" not in inits
+    eight, sixteen = 1024 * 32 + 32 * 32, 2 * (1024 + 512 * 32 + 8 * 32)     # rvq's codes and w; scales, narrow, rope
+    assert ox.weight_bits(q) == {"8": round(eight / (eight + sixteen), 4), "16": round(sixteen / (eight + sixteen), 4)}
+
+    # a lookup precision repair raises (a kept block's Gather) keeps its 16-bit table
+    raised = onnx.load(str(ox.quantize_qdq(src, tmp_path / "raised" / "m.onnx", calib, Precision.W8A16,
+                                           wide_weights=["rvq_lookup"])))
+    assert "rvq_lookup" in {n.name for n in raised.graph.node if n.op_type == "Gather"}
+    assert next(i for i in raised.graph.initializer if i.name.startswith("rvq")).data_type == TensorProto.UINT16
+
+    # the same quantization with the rewrite off: its single 16-bit scale per table as before
+    with monkeypatch.context() as mp:
+        mp.setattr(ox, "tables_per_row", lambda *a, **k: [])
+        plain = ox.quantize_qdq(src, tmp_path / "plain" / "m.onnx", calib, Precision.W8A16)
+    assert ox.weight_bits(plain)["16"] > 0.9
+    ref = np.concatenate([r[0].ravel() for r in _run(src, held)])
+    db = {k: snr(ref, np.concatenate([r[0].ravel() for r in _run(p, held)])) for k, p in (("plain", plain), ("rows", q))}
+    assert db["rows"] > 35 and db["rows"] > db["plain"] - 3, db
+
+    # per lookup (the worst row's SNR), against one 8-bit scale for the whole table
+    w = numpy_helper.to_array(onnx.load(str(src)).graph.initializer[0]).astype(np.float64)
+    codes, sq, step = ox.row_scaled_table(w)
+    rows = (codes.astype(np.float64) - 128) * sq * step
+    s = (w.max() - w.min()) / 255
+    one = np.round((w - w.min()) / s) * s + w.min()
+    worst = lambda r: min(snr(a, b) for a, b in zip(w, r))                                # noqa: E731
+    assert worst(rows) > 35 and worst(rows) > worst(one) + 10, (worst(rows), worst(one))
+
+    session = qnn_ep.session(q, qnn_ep.provider_options("69", "79", fp16=False, finalize="1"))
+    htp = np.concatenate([session.run(None, h)[0].ravel() for h in held])
+    assert snr(ref, htp) > 40, snr(ref, htp)

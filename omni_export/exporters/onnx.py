@@ -489,7 +489,8 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     `keep_float` names nodes left unquantized (precision repair's blocks kept at higher precision: float
     in the QDQ graph, fp16 on the HTP; a linear lowered as Conv keeps its name + ".conv").
     `wide_weights` names nodes whose MatMul / Conv weights are quantized to signed symmetric 16 bits
-    (per output channel for Conv) instead: precision repair's other raise, integer all the way.
+    (per output channel for Conv) instead: precision repair's other raise, integer all the way. Large
+    tables go to 8 bits with a scale per row (tables_per_row) but those a Gather named in either list reads.
 
     The calibration inputs run through the fp32 model once: with headroom, every activation's range
     comes from our own MinMax pass (`activation_ranges`) as an override, and ONNX Runtime's quantizer
@@ -562,6 +563,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
             cache.unlink(missing_ok=True)
     if keep_float:
         float_tables_as_16bit(dst)
+    tables_per_row(dst, skip=set(keep_float) | set(wide_weights))
     if precision == Precision.W4A16 and int4_weights == "block":
         int4_blocks(Path(src), dst)
     if weight_rounding == "gptq":
@@ -824,6 +826,147 @@ def float_tables_as_16bit(qdq: Path) -> int:
         g.node.extend(nodes)
         onnxfile.save(model, qdq)
     return len(done)
+
+
+# A 16-bit table (a Gather's constant: an RVQ's codebooks, a predictor's embedding tables and heads)
+# goes to 8 bits with one scale per row when it holds at least TABLE_MIN_SHARE of the graph's weight
+# bytes (smaller ones, RoPE cos / sin, save nothing worth it) and every column keeps TABLE_MIN_COLUMN_DB
+# through it (a column far smaller than the rest, the outlier checkpoints' RVQ, keeps its 16 bits).
+TABLE_MIN_SHARE = 0.01
+TABLE_MIN_COLUMN_DB = 35.0
+
+
+def _dq_weight_bytes(model, inits: dict) -> float:
+    """The bytes of every constant of 2 dims or more behind a DequantizeLinear (weight_bits' count)."""
+    import onnx
+
+    width = {onnx.TensorProto.INT4: 0.5, onnx.TensorProto.UINT4: 0.5, onnx.TensorProto.INT8: 1,
+             onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT16: 2, onnx.TensorProto.UINT16: 2}
+    seen, total = set(), 0.0
+    for n in model.graph.node:
+        t = inits.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if t is not None and len(t.dims) >= 2 and t.name not in seen:
+            seen.add(t.name)
+            total += float(np.prod(t.dims)) * width.get(t.data_type, 4)
+    return total
+
+
+def row_scaled_table(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """`w` as signed 8-bit codes with one scale per row (per vector along the last axis), the scales
+    themselves uint16 with one step: (codes + 128 as uint8, scale codes [..., 1] as uint16, the
+    scales' step). A row reads back as (codes - 128) * scale codes * step; the scales round up, so no
+    code clips."""
+    s = np.abs(w).max(axis=-1, keepdims=True) / 127.0
+    step = float(s.max()) / 65535.0 if s.max() > 0 else 1.0
+    sq = np.minimum(np.ceil(s / step), 65535.0)
+    sv = sq * step
+    codes = np.clip(np.rint(np.divide(w, sv, out=np.zeros_like(w), where=sv > 0)), -127, 127)
+    return (codes + 128).astype(np.uint8), sq.astype(np.uint16), step
+
+
+def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
+                   min_column_db: float = TABLE_MIN_COLUMN_DB, skip: set[str] | frozenset = frozenset()) -> list[str]:
+    """Rewrite each large 16-bit table lookup of a QDQ model (a uint16 / int16 constant with one scale
+    behind a DequantizeLinear read only by axis-0 Gathers) to 8-bit codes with a scale per row:
+
+        Gather(DQ(codes u8, 1, 128), idx) -> Q/DQ u8 -> Q/DQ u16 (a Convert on the HTP)
+        Gather(DQ(row scales u16), idx) -> Q/DQ u16           } -> Mul -> the lookup's own output
+
+    Each lookup reads its rows as before to ~45 dB (a random table; the demo Code2Wav's codebooks: 47 dB
+    where one 8-bit scale gave 30 and the graph lost 4.5 dB), and the tables' bytes halve. The HTP
+    takes no per-row DequantizeLinear in front of a Gather, hence the gathered scales and the Mul.
+    Which tables: see TABLE_MIN_SHARE / TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
+    (precision repair's raised blocks: their lookups keep 16 bits). Inline models only (a model with
+    external data keeps its tables). Returns the tables rewritten."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if data_file(qdq).exists():
+        return []
+    model = onnx.load(str(qdq))
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    total = _dq_weight_bytes(model, inits)
+    sixteen = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+
+    def axis(n) -> int:
+        return next((a.i for a in n.attribute if a.name == "axis"), 0)
+
+    plans: dict[str, tuple] = {}           # DequantizeLinear name -> (its node, new initializers, names)
+    for n in g.node:
+        if n.op_type != "DequantizeLinear" or len(n.input) < 2:
+            continue
+        t, sc = inits.get(n.input[0]), inits.get(n.input[1])
+        users = readers.get(n.output[0], [])
+        if (t is None or sc is None or t.data_type not in sixteen or len(t.dims) < 2 or list(sc.dims)
+                or len(readers.get(t.name, [])) != 1 or not users
+                or any(u.op_type != "Gather" or u.input[0] != n.output[0] or axis(u) != 0 or u.name in skip
+                       for u in users)
+                or np.prod(t.dims) * 2 < min_share * total):
+            continue
+        zp = numpy_helper.to_array(inits[n.input[2]]).astype(np.float64) if len(n.input) > 2 and n.input[2] else 0.0
+        w = (numpy_helper.to_array(t).astype(np.float64) - zp) * float(numpy_helper.to_array(sc))
+        codes, sq, step = row_scaled_table(w)
+        err = (codes.astype(np.float64) - 128.0) * (sq * step) - w
+        col = w.reshape(-1, w.shape[-1])
+        power, noise_ = (col ** 2).sum(0), (err.reshape(col.shape) ** 2).sum(0)
+        live = power > 0
+        if live.any() and (noise_[live] > 0).any():
+            db = 10 * np.log10(power[live] / np.maximum(noise_[live], 1e-300))
+            if float(db.min()) < min_column_db:
+                continue
+        base = t.name
+        plans[n.name] = (n, [numpy_helper.from_array(codes, base + "_rows8"),
+                             numpy_helper.from_array(np.float32(1.0), base + "_rows8_scale"),
+                             numpy_helper.from_array(np.uint8(128), base + "_rows8_zero_point"),
+                             numpy_helper.from_array(sq, base + "_rowscale"),
+                             numpy_helper.from_array(np.float32(step), base + "_rowscale_scale"),
+                             numpy_helper.from_array(np.uint16(0), base + "_rowscale_zero_point"),
+                             numpy_helper.from_array(np.uint16(32768), base + "_rows16_zero_point")], t)
+    if not plans:
+        return []
+    by_output = {p[0].output[0]: name for name, p in plans.items()}
+    nodes = []
+    for n in g.node:
+        if n.name in plans:
+            dq, new, t = plans[n.name]
+            b = t.name
+            g.initializer.remove(t)
+            g.initializer.extend(new)
+            nodes += [helper.make_node("DequantizeLinear", [b + "_rows8", b + "_rows8_scale", b + "_rows8_zero_point"],
+                                       [b + "_rows8_dq"], name=b + "_rows8_dq"),
+                      helper.make_node("DequantizeLinear", [b + "_rowscale", b + "_rowscale_scale",
+                                                            b + "_rowscale_zero_point"],
+                                       [b + "_rowscale_dq"], name=b + "_rowscale_dq")]
+            continue
+        if n.op_type == "Gather" and n.input[0] in by_output:
+            b = plans[by_output[n.input[0]]][2].name
+            idx, out, k = n.input[1], n.output[0], n.name or n.output[0]
+            r8, r16, s = f"{k}_rows8", f"{k}_rows16", f"{k}_rowscale"
+            q8 = [b + "_rows8_scale", b + "_rows8_zero_point"]
+            q16 = [b + "_rows8_scale", b + "_rows16_zero_point"]
+            qs = [b + "_rowscale_scale", b + "_rowscale_zero_point"]
+            nodes += [helper.make_node("Gather", [b + "_rows8_dq", idx], [r8], name=r8, axis=0),
+                      helper.make_node("QuantizeLinear", [r8, *q8], [r8 + "_q"], name=r8 + "_q"),
+                      helper.make_node("DequantizeLinear", [r8 + "_q", *q8], [r8 + "_dq"], name=r8 + "_dq"),
+                      helper.make_node("QuantizeLinear", [r8 + "_dq", *q16], [r16 + "_q"], name=r16 + "_q"),
+                      helper.make_node("DequantizeLinear", [r16 + "_q", *q16], [r16 + "_dq"], name=r16 + "_dq"),
+                      helper.make_node("Gather", [b + "_rowscale_dq", idx], [s], name=s, axis=0),
+                      helper.make_node("QuantizeLinear", [s, *qs], [s + "_q"], name=s + "_q"),
+                      helper.make_node("DequantizeLinear", [s + "_q", *qs], [s + "_dq"], name=s + "_dq"),
+                      helper.make_node("Mul", [r16 + "_dq", s + "_dq"], [out], name=k)]
+            for m in nodes[-9:]:            # the lookup's scope (output_scopes, scope_nodes) stays
+                m.metadata_props.extend(n.metadata_props)
+            continue
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnxfile.save(model, qdq)
+    return [p[2].name for p in plans.values()]
 
 
 def float_island(src: Path, nodes: Sequence[str]) -> list[str]:

@@ -222,8 +222,10 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
     chosen = [n for b in blocks for n in nodes.get(b, [])]
     if raise_to == "int16":         # the blocks' weights at 16 bits, every node still quantized
         keep, wide = [], chosen
-    else:
-        keep, wide = float_island(src, chosen), []
+    else:           # the blocks' table lookups, left out of the float island, keep 16-bit tables
+        keep = float_island(src, chosen)
+        island = set(keep)
+        wide = [n for n in chosen if n not in island]
     path = lowering.quantize_mixed(p, keep, tag, True if per_channel else None, wide)
     spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
     held = _mapped(ref, "heldout", spec.input_names)
