@@ -876,14 +876,14 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
     where one 8-bit scale gave 30 and the graph lost 4.5 dB), and the tables' bytes halve. The HTP
     takes no per-row DequantizeLinear in front of a Gather, hence the gathered scales and the Mul.
     Which tables: see TABLE_MIN_SHARE / TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
-    (precision repair's raised blocks: their lookups keep 16 bits). Inline models only (a model with
-    external data keeps its tables). Returns the tables rewritten."""
+    (precision repair's raised blocks: their lookups keep 16 bits). A model with external data is read
+    a table at a time (the new tables go inline, the other weights are streamed to a new data file).
+    Returns the tables rewritten."""
     import onnx
     from onnx import helper, numpy_helper
 
-    if data_file(qdq).exists():
-        return []
-    model = onnx.load(str(qdq))
+    external = data_file(qdq).exists()
+    model = onnx.load(str(qdq), load_external_data=False)
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     readers: dict[str, list] = {}
@@ -908,8 +908,10 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
                        for u in users)
                 or np.prod(t.dims) * 2 < min_share * total):
             continue
-        zp = numpy_helper.to_array(inits[n.input[2]]).astype(np.float64) if len(n.input) > 2 and n.input[2] else 0.0
-        w = (numpy_helper.to_array(t).astype(np.float64) - zp) * float(numpy_helper.to_array(sc))
+        here = str(Path(qdq).parent)
+        zp = (numpy_helper.to_array(inits[n.input[2]], here).astype(np.float64)
+              if len(n.input) > 2 and n.input[2] else 0.0)
+        w = (numpy_helper.to_array(t, here).astype(np.float64) - zp) * float(numpy_helper.to_array(sc, here))
         codes, sq, step = row_scaled_table(w)
         err = (codes.astype(np.float64) - 128.0) * (sq * step) - w
         col = w.reshape(-1, w.shape[-1])
@@ -965,7 +967,10 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
-    onnxfile.save(model, qdq)
+    if external:
+        _rewrite_external(model, data_file(qdq), qdq)
+    else:
+        onnxfile.save(model, qdq)
     return [p[2].name for p in plans.values()]
 
 
