@@ -32,6 +32,7 @@ VERSIONS = {
     "repair": 2,      # precision repair's search (which blocks it keeps in float): jobs/repair.py
                       # 2: a real-size transformer's search: linears per channel, then layers at 16-bit
                       # weights as the estimate needs; steps score the rejected build's simulator samples
+                      # 3: the weights of the nodes kept in float stored as fp16 (float_weights_as_fp16)
 }
 
 

@@ -321,8 +321,8 @@ def test_precision_repair_keeps_the_broken_block_in_float_and_the_result_passes(
     assert search["ranked_by"] == "sensitivity"
     assert search["result"]["kept_float"] == ["pre_conv", "rvq"] and search["result"]["precision"] == "w8a16-mixed"
     assert [s["verdict"] for s in search["steps"]] == ["rejected", "accepted"]
-    bits = search["steps"][-1]["weight_bits"]       # the RVQ's codebooks kept in float are most of the bytes here
-    assert search["result"]["integer_share"] == pytest.approx(bits["8"] + bits["16"], abs=1e-3) and bits["32"] > 0.5
+    bits = search["steps"][-1]["weight_bits"]       # the RVQ's codebooks kept in float (fp16) are most of the bytes here
+    assert search["result"]["integer_share"] == pytest.approx(bits["8"] + bits["16"], abs=1e-3) and bits["fp16"] > 0.5
     for fmt in ("onnx", "ctx"):
         bad = v[(fmt, "w8a16")]
         assert bad["status"] == "rejected" and bad["files"][0]["path"].startswith("rejected/")
@@ -335,7 +335,7 @@ def test_precision_repair_keeps_the_broken_block_in_float_and_the_result_passes(
                                    "base_share": search["result"]["base_share"]}
         assert mixed["repair"]["base_share"] == pytest.approx(bits["8"], abs=1e-3)
         assert not mixed["files"][0]["path"].startswith("rejected/")
-        assert "32" in mixed["details"]["weight_bits"] and "32" not in v[(fmt, "w8a16")]["details"]["weight_bits"]
+        assert "fp16" in mixed["details"]["weight_bits"] and "fp16" not in v[(fmt, "w8a16")]["details"]["weight_bits"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert ("Precision repair: code2wav w8a16 rejected → **w8a16-mixed** accepted at step 2: pre_conv, rvq kept "
             "in float") in report

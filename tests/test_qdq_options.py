@@ -498,3 +498,45 @@ def test_large_tables_go_8_bit_with_a_scale_per_row_where_every_column_keeps_its
     session = qnn_ep.session(q, qnn_ep.provider_options("69", "79", fp16=False, finalize="1"))
     htp = np.concatenate([session.run(None, h)[0].ravel() for h in held])
     assert snr(ref, htp) > 40, snr(ref, htp)
+
+
+def test_a_float_island_keeps_its_weights_as_fp16_and_scores_as_in_fp32(tmp_path, monkeypatch):
+    """Precision repair's kept nodes read their weights unquantized; those weights are stored fp16 behind
+    a Cast (the HTP runs the island in fp16 anyway): half the bytes of fp32, the graph's outputs as
+    with fp32 weights to within fp16's rounding, and the HTP simulator compiles and runs it."""
+    from omni_export import qnn_ep
+    from omni_export.parity.metrics import snr
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((32, 32)).astype(np.float32) * 0.3 for _ in range(2))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="a"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="b")]
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32])],
+                          initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    src = tmp_path / "two.onnx"
+    onnx.save(m, str(src))
+    feed = lambda: {"x": rng.standard_normal((1, 8, 32)).astype(np.float32)}     # noqa: E731
+    calib, held = [feed() for _ in range(8)], [feed() for _ in range(3)]
+    q = ox.quantize_qdq(src, tmp_path / "q" / "two.onnx", calib, Precision.W8A16, keep_float=["b"])
+    model = onnx.load(str(q))
+    inits = {i.name: i for i in model.graph.initializer}
+    assert inits["w2_fp16"].data_type == TensorProto.FLOAT16 and "w2" not in inits
+    cast = next(n for n in model.graph.node if n.op_type == "Cast")
+    assert list(cast.input) == ["w2_fp16"] and list(cast.output) == ["w2"]
+    assert ox.weight_bits(q) == {"8": round(1 / 3, 4), "fp16": round(2 / 3, 4)}       # 1 KB at 8 bits, 2 KB fp16
+
+    with monkeypatch.context() as mp:           # the same island with its weights left fp32
+        mp.setattr(ox, "float_weights_as_fp16", lambda *a, **k: [])
+        q32 = ox.quantize_qdq(src, tmp_path / "q32" / "two.onnx", calib, Precision.W8A16, keep_float=["b"])
+    assert ox.weight_bits(q32) == {"8": 0.2, "32": 0.8}
+    a = np.concatenate([r[0].ravel() for r in _run(q, held)])
+    b = np.concatenate([r[0].ravel() for r in _run(q32, held)])
+    assert snr(b, a) > 60
+
+    ref = np.concatenate([r[0].ravel() for r in _run(src, held)])
+    session = qnn_ep.session(q, qnn_ep.provider_options("69", "79", fp16=True, finalize="1"))
+    htp = np.concatenate([session.run(None, h)[0].ravel() for h in held])
+    assert snr(ref, htp) > 35, snr(ref, htp)

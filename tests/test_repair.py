@@ -24,6 +24,7 @@ def test_blocks_are_kept_worst_first_failures_before_any_score():
 
 def test_the_share_still_quantized_counts_every_integer_width_and_no_float():
     assert rp.integer_share({"8": 0.25, "16": 0.5, "32": 0.25}) == 0.75
+    assert rp.integer_share({"8": 0.5, "16": 0.25, "fp16": 0.25}) == 0.75      # fp16: kept in float
     assert rp.integer_share({"4": 0.6, "8": 0.4}) == 1.0
     assert rp.integer_share({}) is None
 

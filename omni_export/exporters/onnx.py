@@ -563,6 +563,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
             cache.unlink(missing_ok=True)
     if keep_float:
         float_tables_as_16bit(dst)
+        float_weights_as_fp16(dst)
     tables_per_row(dst, skip=set(keep_float) | set(wide_weights))
     if precision == Precision.W4A16 and int4_weights == "block":
         int4_blocks(Path(src), dst)
@@ -875,7 +876,10 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
     Each lookup reads its rows as before to ~45 dB (a random table; the demo Code2Wav's codebooks: 47 dB
     where one 8-bit scale gave 30 and the graph lost 4.5 dB), and the tables' bytes halve. The HTP
     takes no per-row DequantizeLinear in front of a Gather, hence the gathered scales and the Mul.
-    Which tables: see TABLE_MIN_SHARE / TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
+    Which tables: [rows, columns] ones (a stack of tables a Gather picks one of by a step index, the code
+    predictor's [15, 2048, 1024] embeddings and heads at 0.6B, made QNN 2.51's HTP simulator crash
+    running the predictor decode's context binary, so stays 16-bit); see TABLE_MIN_SHARE /
+    TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
     (precision repair's raised blocks: their lookups keep 16 bits). A model with external data is read
     a table at a time (the new tables go inline, the other weights are streamed to a new data file).
     Returns the tables rewritten."""
@@ -902,7 +906,7 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
             continue
         t, sc = inits.get(n.input[0]), inits.get(n.input[1])
         users = readers.get(n.output[0], [])
-        if (t is None or sc is None or t.data_type not in sixteen or len(t.dims) < 2 or list(sc.dims)
+        if (t is None or sc is None or t.data_type not in sixteen or len(t.dims) != 2 or list(sc.dims)
                 or len(readers.get(t.name, [])) != 1 or not users
                 or any(u.op_type != "Gather" or u.input[0] != n.output[0] or axis(u) != 0 or u.name in skip
                        for u in users)
@@ -974,6 +978,58 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
     return [p[2].name for p in plans.values()]
 
 
+# A float island's weights stored as fp16 must read back this close to their fp32 values (fp16 keeps
+# ~11 bits per value; a tensor past fp16's range or mostly subnormal there stays fp32).
+FP16_WEIGHT_MIN_DB = 60.0
+
+
+def float_weights_as_fp16(qdq: Path, min_db: float = FP16_WEIGHT_MIN_DB) -> list[str]:
+    """The float weights of a QDQ model's float island (precision repair's kept blocks: constants of 2+
+    dims read unquantized) stored as fp16 behind a Cast to fp32: the HTP runs those nodes in fp16, so
+    their weights lose nothing the context binary keeps, and the ONNX stores what the device holds
+    (fp32 took twice the bytes: the demo Code2Wav's four kept blocks were 35 % of its weight bytes at
+    fp32). A tensor that does not read back within `min_db` of itself in fp16 stays fp32. A model with
+    external data is read a tensor at a time. Returns the tensors converted."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    external = data_file(qdq).exists()
+    model = onnx.load(str(qdq), load_external_data=False)
+    g = model.graph
+    here = str(Path(qdq).parent)
+    readers: dict[str, set[str]] = {}
+    for n in g.node:
+        for x in n.input:
+            readers.setdefault(x, set()).add(n.op_type)
+    skip = {"DequantizeLinear", "QuantizeLinear", "Reshape", "Expand", "Tile", "ConstantOfShape"}
+    casts, done = [], []
+    for t in list(g.initializer):
+        ops = readers.get(t.name, set())
+        if t.data_type != onnx.TensorProto.FLOAT or len(t.dims) < 2 or not ops or ops & skip:
+            continue
+        w = numpy_helper.to_array(t, here)
+        h = w.astype(np.float16)
+        err = float(((h.astype(np.float64) - w) ** 2).sum())
+        power = float((w.astype(np.float64) ** 2).sum())
+        if not np.isfinite(h).all() or (err > 0 and 10 * np.log10(power / err) < min_db):
+            continue
+        g.initializer.remove(t)
+        g.initializer.append(numpy_helper.from_array(h, t.name + "_fp16"))
+        casts.append(helper.make_node("Cast", [t.name + "_fp16"], [t.name], name=t.name + "_fp16_cast",
+                                      to=onnx.TensorProto.FLOAT))
+        done.append(t.name)
+    if not done:
+        return []
+    nodes = casts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    if external:
+        _rewrite_external(model, data_file(qdq), qdq)
+    else:
+        onnxfile.save(model, qdq)
+    return done
+
+
 def float_island(src: Path, nodes: Sequence[str]) -> list[str]:
     """`nodes` (but their table lookups) and the nodes that produce their activation inputs: left out
     of quantization together, the island reads its inputs unquantized too. (ONNX Runtime's quantizer quantizes a tensor at its
@@ -995,17 +1051,19 @@ def float_island(src: Path, nodes: Sequence[str]) -> list[str]:
 
 
 def weight_bits(qdq: Path) -> dict[str, float]:
-    """{bits: share of the weight bytes} of a QDQ model: every constant of 2 dims or more behind a
-    DequantizeLinear (MatMul / Conv weights, tables, ...), counted at its integer width, and every such
-    constant a node reads unquantized (a block precision repair kept in float) at its float width."""
+    """{width: share of the weight bytes} of a QDQ model: every constant of 2 dims or more behind a
+    DequantizeLinear (MatMul / Conv weights, tables, ...), counted at its integer width ("4", "8",
+    "16"), and every such constant a node reads unquantized (a block precision repair kept in float) at
+    its float width: "fp16" (float_weights_as_fp16) or "32"."""
     import onnx
 
     model = onnx.load(str(qdq), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    width = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT8: 8,
-             onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16,
-             onnx.TensorProto.INT32: 32, onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.FLOAT: 32}
-    total: dict[int, float] = {}
+    width = {onnx.TensorProto.INT4: (4, "4"), onnx.TensorProto.UINT4: (4, "4"), onnx.TensorProto.INT8: (8, "8"),
+             onnx.TensorProto.UINT8: (8, "8"), onnx.TensorProto.INT16: (16, "16"),
+             onnx.TensorProto.UINT16: (16, "16"), onnx.TensorProto.INT32: (32, "32"),
+             onnx.TensorProto.FLOAT16: (16, "fp16"), onnx.TensorProto.FLOAT: (32, "32")}
+    total: dict[tuple[int, str], float] = {}
     counted: set[str] = set()
     for n in model.graph.node:
         names = n.input[:1] if n.op_type == "DequantizeLinear" else [
@@ -1016,10 +1074,10 @@ def weight_bits(qdq: Path) -> dict[str, float]:
             if t is None or len(t.dims) < 2 or name in counted:
                 continue
             counted.add(name)
-            bits = width.get(t.data_type, 32)
-            total[bits] = total.get(bits, 0.0) + float(np.prod(t.dims)) * bits / 8
+            key = width.get(t.data_type, (32, "32"))
+            total[key] = total.get(key, 0.0) + float(np.prod(t.dims)) * key[0] / 8
     all_bytes = sum(total.values())
-    return {str(b): round(v / all_bytes, 4) for b, v in sorted(total.items())} if all_bytes else {}
+    return {k[1]: round(v / all_bytes, 4) for k, v in sorted(total.items())} if all_bytes else {}
 
 
 def _int4_block_quantize(w: np.ndarray, k_axis: int, block: int) -> tuple[np.ndarray, np.ndarray]:
