@@ -969,12 +969,7 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
                 m.metadata_props.extend(n.metadata_props)
             continue
         nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
-    if external:
-        _rewrite_external(model, data_file(qdq), qdq)
-    else:
-        onnxfile.save(model, qdq)
+    _save_with_nodes(model, nodes, qdq, external)
     return [p[2].name for p in plans.values()]
 
 
@@ -1020,14 +1015,19 @@ def float_weights_as_fp16(qdq: Path, min_db: float = FP16_WEIGHT_MIN_DB) -> list
         done.append(t.name)
     if not done:
         return []
-    nodes = casts + list(g.node)
-    del g.node[:]
-    g.node.extend(nodes)
+    _save_with_nodes(model, casts + list(g.node), qdq, external)
+    return done
+
+
+def _save_with_nodes(model, nodes: list, qdq: Path, external: bool) -> None:
+    """`model` with `nodes` as its graph's nodes, saved over `qdq`: a model read without its external
+    data streams the weights it still holds there to a new data file (_rewrite_external)."""
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     if external:
         _rewrite_external(model, data_file(qdq), qdq)
     else:
         onnxfile.save(model, qdq)
-    return done
 
 
 def float_island(src: Path, nodes: Sequence[str]) -> list[str]:
