@@ -231,6 +231,42 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert bad.repair["w8a16"]["stopped"] == "its fp32 ONNX could not be read to map its outputs to modules"
 
 
+def test_repair_starts_once_the_onnx_and_the_search_runners_build_are_judged_not_the_dlc(tmp_path):
+    """The search scores on the context binary's runner and ranks by the rejected builds' scores: it
+    starts once the ONNX and the context binary are judged. The DLC shares the context binary's run;
+    at 0.6B the talker prefill's repair waited 480 s for its DLC's lowering."""
+    from omni_export.core import BuildSpec, Format
+    from omni_export.jobs.component import HEAVY_BYTES, ComponentJobs
+    from omni_export.jobs.graph import JobGraph
+    from synthetic import stub_run
+
+    src = _Layers.export(tmp_path / "net.onnx")
+    specs = [BuildSpec("qwen3-tts", "talker_prefill", f, Precision.W8A16, "s25-htp")
+             for f in (Format.ONNX, Format.DLC, Format.CTX)]
+    outs = [{"name": "new_key_0", "snr_db": 35.0}, {"name": "new_key_1", "snr_db": 26.4}]
+
+    def entry(fmt):
+        return {"component": "talker_prefill", "format": fmt, "precision": "w8a16", "status": "rejected",
+                "parity": {"outputs": outs}}
+
+    def jobs(entries):
+        g = JobGraph()
+        cj = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g)
+        cj.plan()
+        cj.info = {"block_chain": False, "weight_bytes": HEAVY_BYTES}
+        cj.states["talker_prefill/export"] = {"onnx": {"fp32": str(src)}}
+        cj.entries = entries
+        cj.slow, cj.per_sample["w8a16"] = [0, 1], [(None, 27.0), (None, 26.0)]
+        return cj, g
+
+    cj, g = jobs([entry("onnx"), None, entry("ctx")])           # the DLC not judged yet
+    assert cj._maybe_repair() and "talker_prefill/repair/w8a16/1" in g.jobs
+    cj, g = jobs([entry("onnx"), entry("dlc"), None])           # the context binary not judged yet
+    assert not cj._maybe_repair() and "w8a16" not in cj.repair
+    cj, g = jobs([None, entry("dlc"), entry("ctx")])            # nor the ONNX
+    assert not cj._maybe_repair() and "w8a16" not in cj.repair
+
+
 def test_a_qnn_score_waits_for_the_onnx_score_that_picks_its_samples(tmp_path):
     """The simulator scores the held-out samples the ONNX build of the same precision scored worst on
     ORT CPU: a context binary's score job depends on that ONNX score (a DLC shares the context
