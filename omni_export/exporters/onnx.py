@@ -829,7 +829,7 @@ def float_tables_as_16bit(qdq: Path) -> int:
     return len(done)
 
 
-# A 16-bit table (a Gather's constant: an RVQ's codebooks, a predictor's embedding tables and heads)
+# A 16-bit [rows, columns] table (a Gather's constant: an RVQ's codebooks, a talker's embedding table)
 # goes to 8 bits with one scale per row when it holds at least TABLE_MIN_SHARE of the graph's weight
 # bytes (smaller ones, RoPE cos / sin, save nothing worth it) and every column keeps TABLE_MIN_COLUMN_DB
 # through it (a column far smaller than the rest, the outlier checkpoints' RVQ, keeps its 16 bits).
@@ -900,7 +900,7 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
     def axis(n) -> int:
         return next((a.i for a in n.attribute if a.name == "axis"), 0)
 
-    plans: dict[str, tuple] = {}           # DequantizeLinear name -> (its node, new initializers, names)
+    plans: dict[str, tuple] = {}           # DequantizeLinear output -> (its node, new initializers, table)
     for n in g.node:
         if n.op_type != "DequantizeLinear" or len(n.input) < 2:
             continue
@@ -926,20 +926,19 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
             if float(db.min()) < min_column_db:
                 continue
         base = t.name
-        plans[n.name] = (n, [numpy_helper.from_array(codes, base + "_rows8"),
-                             numpy_helper.from_array(np.float32(1.0), base + "_rows8_scale"),
-                             numpy_helper.from_array(np.uint8(128), base + "_rows8_zero_point"),
-                             numpy_helper.from_array(sq, base + "_rowscale"),
-                             numpy_helper.from_array(np.float32(step), base + "_rowscale_scale"),
-                             numpy_helper.from_array(np.uint16(0), base + "_rowscale_zero_point"),
-                             numpy_helper.from_array(np.uint16(32768), base + "_rows16_zero_point")], t)
+        plans[n.output[0]] = (n, [numpy_helper.from_array(codes, base + "_rows8"),
+                                   numpy_helper.from_array(np.float32(1.0), base + "_rows8_scale"),
+                                   numpy_helper.from_array(np.uint8(128), base + "_rows8_zero_point"),
+                                   numpy_helper.from_array(sq, base + "_rowscale"),
+                                   numpy_helper.from_array(np.float32(step), base + "_rowscale_scale"),
+                                   numpy_helper.from_array(np.uint16(0), base + "_rowscale_zero_point"),
+                                   numpy_helper.from_array(np.uint16(32768), base + "_rows16_zero_point")], t)
     if not plans:
         return []
-    by_output = {p[0].output[0]: name for name, p in plans.items()}
     nodes = []
     for n in g.node:
-        if n.name in plans:
-            dq, new, t = plans[n.name]
+        if n.op_type == "DequantizeLinear" and n.output[0] in plans:
+            _, new, t = plans[n.output[0]]
             b = t.name
             g.initializer.remove(t)
             g.initializer.extend(new)
@@ -949,8 +948,8 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
                                                             b + "_rowscale_zero_point"],
                                        [b + "_rowscale_dq"], name=b + "_rowscale_dq")]
             continue
-        if n.op_type == "Gather" and n.input[0] in by_output:
-            b = plans[by_output[n.input[0]]][2].name
+        if n.op_type == "Gather" and n.input[0] in plans:
+            b = plans[n.input[0]][2].name
             idx, out, k = n.input[1], n.output[0], n.name or n.output[0]
             r8, r16, s = f"{k}_rows8", f"{k}_rows16", f"{k}_rowscale"
             q8 = [b + "_rows8_scale", b + "_rows8_zero_point"]
