@@ -213,6 +213,22 @@ def step_bytes(kind: str, weight_bytes: int) -> int:
     return int(STEP_FACTORS.get(kind, 1.0) * weight_bytes)
 
 
+def tensor_bytes(tensors) -> int:
+    """The bytes a set of tensors holds: a stretch of memory that several of them view (a slice of a
+    flat buffer registered beside it, a tensor listed twice) counts once."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in tensors:
+        start = t.storage_offset() * t.element_size()
+        spans.setdefault(t.untyped_storage().data_ptr(), []).append((start, start + t.numel() * t.element_size()))
+    total = 0
+    for runs in spans.values():
+        end = -1
+        for a, b in sorted(runs):
+            total += max(0, b - max(a, end))
+            end = max(end, b)
+    return total
+
+
 def build_budget(max_memory: int | None) -> int:
     """What the heavy steps of one component may hold together: 90 % of what the kernel can hand
     out now (MemAvailable; the build process's own memory is already taken from it), and with

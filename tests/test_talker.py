@@ -354,3 +354,23 @@ def test_asking_for_the_whole_talker_of_a_split_checkpoint_names_its_halves():
                                          r"--components talker_decode_part1,talker_decode_part2\)"):
         plan(RunOptions(get_recipe("qwen3-tts"), get_target("s25-htp"), Path("unused"),
                         components=("talker_decode",)), available)
+
+
+def test_predictor_tables_and_heads_are_2d_constants_and_go_8_bit(tmp_path):
+    """The predictor's 15 tables and heads, stacked [15, V, D] and sliced by the step, were Gathers of a
+    3-D constant that the w8a16 graphs kept at 16 bits with one scale (the demo's predictor graphs had
+    1-6 % of their weight bytes at 8 bits). As rows of flat [15 V, D] tables (the decode step) and
+    constants per step (the prefill's head), the heads and tables are 2-D: MatMul weights and row-scaled
+    8-bit tables."""
+    from conftest import GEOMETRY, builds_by, read_manifest, run_cli
+
+    out = tmp_path / "out"
+    proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--precision", "w8a16", "--formats", "onnx",
+                   "--components", "predictor_prefill,predictor_decode", "--no-attribution", "--repair", "off",
+                   *GEOMETRY, "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    b = builds_by(read_manifest(out))
+    for g in ("predictor_prefill", "predictor_decode"):
+        build = b[(g, "onnx", "w8a16")]
+        assert build["status"] == "accepted", (g, build["parity"])
+        assert build["details"]["weight_bits"]["8"] >= 0.9, (g, build["details"]["weight_bits"])

@@ -334,14 +334,21 @@ def _copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     buffers are new tensor objects over the same memory (dtype None: shared, to be replaced or
     converted in the copy -- Module.half() sets `.data` of the copy's own objects) or already
     converted to `dtype`. copy.deepcopy held a second fp32 copy of every weight first: 1.76 GB for
-    the 0.6B talker, 3.4 GB at 1.7B, on top of the fp16 one."""
+    the 0.6B talker, 3.4 GB at 1.7B, on top of the fp16 one. A tensor that views another of the
+    module's tensors (a block of rows of a flat buffer registered beside it) stays a view of that
+    tensor's copy instead of becoming a converted copy of its own."""
     memo = {}
-    for t in list(module.parameters()) + list(module.buffers()):
+    for t in sorted(list(module.parameters()) + list(module.buffers()), key=lambda t: t._base is not None):
         if id(t) in memo:
             continue
-        data = t.detach()
+        data, base = t.detach(), t._base
         if dtype is not None and data.is_floating_point():
-            data = data.to(dtype)
+            if base is not None and id(base) in memo and base.is_contiguous():
+                b = memo[id(base)]
+                data = b.detach().as_strided(t.shape, t.stride(),
+                                             b.storage_offset() + t.storage_offset() - base.storage_offset())
+            else:
+                data = data.to(dtype)
         memo[id(t)] = nn.Parameter(data, requires_grad=False) if isinstance(t, nn.Parameter) else data
     out = copy.deepcopy(module, memo)
     return out.to(dtype) if dtype is not None else out
@@ -459,7 +466,7 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
             records = [m.rounding for m in inner.modules() if isinstance(m, _Int8Weight) and m.rounding]
             details["weight_rounding"] = {"method": "gptq", **summary(records, details["int8_layers"] - len(records))}
             del hessians
-        m = _CastIO(inner.half(), torch.float16).eval()
+        m = _CastIO(_copy(inner, torch.float16), torch.float16).eval()
         converted()
         _lower(_fp16_safe(torch.export.export(m, example)), path)
     elif precision == Precision.W8A8:

@@ -29,9 +29,10 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     """Export a torch.export ExportedProgram to ONNX (weights inline below ~1.8 GB)."""
     import torch
 
-    weight_bytes = sum(t.numel() * t.element_size() for t in program.state_dict.values())
-    weight_bytes += sum(t.numel() * t.element_size() for t in program.constants.values()
-                        if isinstance(t, torch.Tensor))
+    from ..memory import tensor_bytes
+
+    weight_bytes = tensor_bytes([*program.state_dict.values(),
+                                 *(t for t in program.constants.values() if isinstance(t, torch.Tensor))])
     path.parent.mkdir(parents=True, exist_ok=True)
     _quiet_exporter()
     big = weight_bytes > min(onnxfile.EXTERNAL_DATA_BYTES, _STREAM_BYTES)
@@ -876,10 +877,10 @@ def tables_per_row(qdq: Path, min_share: float = TABLE_MIN_SHARE,
     Each lookup reads its rows as before to ~45 dB (a random table; the demo Code2Wav's codebooks: 47 dB
     where one 8-bit scale gave 30 and the graph lost 4.5 dB), and the tables' bytes halve. The HTP
     takes no per-row DequantizeLinear in front of a Gather, hence the gathered scales and the Mul.
-    Which tables: [rows, columns] ones (a stack of tables a Gather picks one of by a step index, the code
-    predictor's [15, 2048, 1024] embeddings and heads at 0.6B, made QNN 2.51's HTP simulator crash
-    running the predictor decode's context binary, so stays 16-bit); see TABLE_MIN_SHARE /
-    TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
+    Which tables: [rows, columns] ones (a stack of tables a Gather picks one of by a step index stays
+    16-bit: the code predictor's [15, 2048, 1024] stacks so rewritten made QNN 2.51's HTP simulator
+    crash on the 0.6B predictor decode; its graphs now export 2-D tables, talker.PredictorCore); see
+    TABLE_MIN_SHARE / TABLE_MIN_COLUMN_DB; not a table a Gather named in `skip` reads
     (precision repair's raised blocks: their lookups keep 16 bits). A model with external data is read
     a table at a time (the new tables go inline, the other weights are streamed to a new data file).
     Returns the tables rewritten."""

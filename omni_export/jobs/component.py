@@ -1035,12 +1035,9 @@ def _step_kind(runner) -> str:
 
 
 def _weight_bytes(module) -> int:
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
+    from ..memory import tensor_bytes
+
+    return tensor_bytes(list(module.parameters()) + list(module.buffers()))
 
 
 def _attribution_precisions(builds) -> list[Precision]:

@@ -75,13 +75,15 @@ COMPONENTS = (
         name="predictor_prefill", doc="code predictor on [past_hidden, emb(code0)] -> logits of code 1",
         inputs=(T("past_hidden", (1, 1, "Ht"), F32), T("code0", (1, 1), I32)),
         outputs=(T("logits", (1, "V"), F32), *_kv("new", "KVp", 2, "HDp", "Lp", "K/V of positions 0, 1")),
-        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",)),
+        # 2: tables and heads as 2-D constants, per step or rows of a flat table (talker.PredictorCore)
+        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",), version="2"),
     Component(
         name="predictor_decode", doc="code predictor step s (1..14): code s -> logits of code s+1; 17-slot KV",
         inputs=(T("code", (1, 1), I32), T("step", (1,), I32, "s in 1..Q-2: selects table s-1 and head s"),
                 *_kv("past", "KVp", 17, "HDp", "Lp", "slots 0..s hold positions 0..s")),
         outputs=(T("logits", (1, "V"), F32), *_kv("new", "KVp", 1, "HDp", "Lp", "K/V of position s+1")),
-        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",)),
+        # 2: tables and heads as 2-D constants, per step or rows of a flat table (talker.PredictorCore)
+        gates_db=_LM_GATES, logits=("logits",), requires=("predictor",), version="2"),
     Component(
         name="predictor_frame",
         doc="fused frame: all 15 predictor steps, top-k + Gumbel-max sampling inside, summed embedding out",
@@ -103,7 +105,7 @@ COMPONENTS = (
         # worst (2 for other graphs): nothing else runs the frame on the HTP there. 0.6B at b0be2a1e:
         # 39.3 s (fp16) and 188.3 s (w8a16) per sample on the simulator, so 4 double the frame's 457.6 s.
         sim_samples=4,
-        requires=("predictor",),
+        requires=("predictor",), version="2",                 # 2: as the step graphs'
         # synth checks these (host.frame_cannot_honour) and runs the step graphs instead
         limits={"subtalker_top_k": "traced with top-k 50 (host.FRAME_TOP_K); another top-k needs the step graphs",
                 "subtalker_top_p": "no top-p inside the graph; subtalker_top_p < 1 needs the step graphs"},

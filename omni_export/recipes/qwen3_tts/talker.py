@@ -281,10 +281,20 @@ class PredictorCore(nn.Module):
             self.proj = _linear(tensors, m + "weight", m + "bias")
         # code0 is embedded with the talker's codec table; group g >= 1 with predictor table g - 1.
         self.register_buffer("talker_table", tensors["talker.model.codec_embedding.weight"].clone())
-        self.register_buffer("tables", torch.stack(
-            [tensors[f"talker.code_predictor.model.codec_embedding.{j}.weight"] for j in range(q - 1)]))
-        self.register_buffer("heads", torch.stack(
-            [tensors[f"talker.code_predictor.lm_head.{j}.weight"] for j in range(q - 1)]))
+        # Predictor table j and head j are rows j*V .. (j+1)*V of a flat [(Q-1)*V, width] buffer,
+        # and each is also a buffer of its own over the same memory (`table{j}`, `head{j}`). The
+        # decode step picks its table and head by its step input: a Gather of rows of a 2-D table.
+        # The prefill and the frame take fixed steps: each table and head is then a constant of its
+        # own (a MatMul weight, a 2-D table). Stacked [Q-1, V, width] and sliced per step, they were
+        # Gathers of a 3-D constant, which the QDQ graph keeps at 16 bits with one scale (and which
+        # QNN 2.51's HTP simulator crashed on at 0.6B once it was 8-bit with a scale per row).
+        v = p.vocab_size
+        for name, key in (("table", "talker.code_predictor.model.codec_embedding.{}.weight"),
+                          ("head", "talker.code_predictor.lm_head.{}.weight")):
+            flat = torch.cat([tensors[key.format(j)] for j in range(q - 1)])
+            self.register_buffer(name + "s", flat)
+            for j in range(q - 1):
+                self.register_buffer(f"{name}{j}", flat[j * v:(j + 1) * v])
         cos, sin = rope_table(PREDICTOR_SLOTS, p.head_dim, p.rope_theta)
         self.register_buffer("cos", cos)
         self.register_buffer("sin", sin)
@@ -295,15 +305,18 @@ class PredictorCore(nn.Module):
 
     def embed(self, group: int, code):
         """Unprojected embedding of `code` [1,1] (int) for code group `group` (static)."""
-        table = self.talker_table if group == 0 else self.tables[group - 1]
+        table = self.talker_table if group == 0 else getattr(self, f"table{group - 1}")
         return F.embedding(code.long(), table)
 
 
-def _head(hidden, head):
-    """hidden @ head^T (a gathered head); traced for an fp16 XNNPACK program, in short sums."""
+def _head(hidden, head, gathered: bool = False):
+    """hidden @ head^T; traced for an fp16 XNNPACK program, in short sums. A constant head is a linear
+    (in ONNX a MatMul with its own 8-bit weight); a `gathered` one (the decode step's, rows of the flat
+    heads) a MatMul with the gathered head transposed: as a linear it exports as a Gemm whose weight is
+    a 16-bit activation, which QNN 2.51's HTP refuses (error 3110)."""
     if _Xnnpack.on and hidden.dtype == torch.float16 and hidden.shape[-1] > SUM_TERMS:
         return short_linear(hidden, head)
-    return torch.matmul(hidden, head.T)
+    return torch.matmul(hidden, head.T) if gathered else F.linear(hidden, head)
 
 
 class PredictorPrefill(nn.Module):
@@ -319,7 +332,13 @@ class PredictorPrefill(nn.Module):
         x = c.project(torch.cat([past_hidden, c.embed(0, code0)], dim=1))
         mask = torch.tensor([[0.0, -100.0], [0.0, 0.0]], dtype=x.dtype)[None, None]
         hidden, keys, vals = c.decoder(x, c.cos[None, :2], c.sin[None, :2], mask)
-        return (_head(hidden[:, 1], c.heads[0]), *_interleave(keys, vals))
+        return (_head(hidden[:, 1], c.head0), *_interleave(keys, vals))
+
+
+# Rows of the decode step's head gathered at once. QNN 2.51's HTP simulator crashed (a segfault in its
+# graph execution) gathering 2048 rows x 1024 columns of an 8-bit table with a scale per row (the
+# 0.6B head; 3072-row tables too), and ran 1024 rows of a 30720-row table.
+HEAD_ROWS = 1024
 
 
 class PredictorDecode(nn.Module):
@@ -329,22 +348,24 @@ class PredictorDecode(nn.Module):
         super().__init__()
         self.core = core
         self.register_buffer("slots", torch.arange(PREDICTOR_SLOTS, dtype=torch.int32))
+        self.register_buffer("rows", torch.arange(core.vocab))
 
     def executorch_variant(self) -> nn.Module:
         return _XnnpackForms(self).eval()
 
     def forward(self, code, step, *past):
         c = self.core
-        table = torch.index_select(c.tables, 0, (step - 1).long()).reshape(c.vocab, -1)
-        x = c.project(F.embedding(code.long(), table))
+        x = c.project(F.embedding(code.long() + (step.long() - 1) * c.vocab, c.tables))   # table step - 1
         pos = (step + 1).long()
         cos = torch.index_select(c.cos, 0, pos)[None]
         sin = torch.index_select(c.sin, 0, pos)[None]
         valid = (self.slots <= step).float()                        # past slots 0..step
         mask = torch.cat([(1.0 - valid) * -100.0, torch.zeros(1)]).to(x.dtype)[None, None, None]
         hidden, keys, vals = c.decoder(x, cos, sin, mask, past)
-        head = torch.index_select(c.heads, 0, step.long()).reshape(c.vocab, -1)
-        return (_head(hidden[:, 0], head), *_interleave(keys, vals))
+        first = step.long() * c.vocab                                                  # head step's rows
+        logits = [_head(hidden[:, 0], torch.index_select(c.heads, 0, first + self.rows[a:b]), gathered=True)
+                  for a, b in spans(c.vocab, HEAD_ROWS)]
+        return (torch.cat(logits, dim=-1), *_interleave(keys, vals))
 
 
 class PredictorFrame(nn.Module):
@@ -392,7 +413,7 @@ class PredictorFrame(nn.Module):
             hidden, k_new, v_new = c.decoder(x, cos, sin, mask, past)
             keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
             vals = v_new if vals is None else [torch.cat([a, b], 2) for a, b in zip(vals, v_new)]
-            logits = torch.matmul(hidden[:, -1], c.heads[s].T)
+            logits = F.linear(hidden[:, -1], getattr(c, f"head{s}"))
             code, margin = self._pick(logits, noise[:, s])
             codes.append(code)
             margins.append(margin)
@@ -427,11 +448,10 @@ class _XnnpackFrame(_XnnpackForms):
         self.register_buffer("ones_w", torch.ones(1, SELECT_WAYS))
         self.register_buffer("index", torch.arange(c.vocab, dtype=torch.float32)[None])
         self.register_buffer("ways", torch.arange(SELECT_WAYS, dtype=torch.float32)[:, None])
-        # per-step head and (transposed) table as constants of their own: a row of a stacked
-        # buffer is a select op XNNPACK's linear cannot take as its weight
+        # per-step tables transposed, as constants of their own: a transpose in the graph makes a
+        # computed weight, which XNNPACK's linear does not take (the heads are the core's `head{s}`)
         for s in range(c.groups - 1):
-            self.register_buffer(f"head{s}", c.heads[s].clone())
-            self.register_buffer(f"table{s}", c.tables[s].T.contiguous())
+            self.register_buffer(f"table{s}", getattr(c, f"table{s}").T.contiguous())
 
     def _pick(self, logits, noise, table):
         dt = logits.dtype
@@ -479,7 +499,7 @@ class _XnnpackFrame(_XnnpackForms):
             hidden, k_new, v_new = c.decoder(x, c.cos[None, pos0:end], c.sin[None, pos0:end], mask, past)
             keys = k_new if keys is None else [torch.cat([a, b], 2) for a, b in zip(keys, k_new)]
             vals = v_new if vals is None else [torch.cat([a, b], 2) for a, b in zip(vals, v_new)]
-            logits = F.linear(hidden[:, -1:], getattr(self, f"head{s}")).reshape(1, -1)
+            logits = F.linear(hidden[:, -1:], getattr(c, f"head{s}")).reshape(1, -1)
             code, margin, e = self._pick(logits, noise[:, s], getattr(self, f"table{s}"))
             codes.append(code)
             margins.append(margin)
