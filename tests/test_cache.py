@@ -158,7 +158,10 @@ def test_an_edit_that_changes_no_output_reuses_everything_and_a_graph_change_reb
     assert hits(second) == {"predictor_decode": True, "text_projection": True}
     assert shas(second) == shas(first) and [b["parity"] for b in second["builds"]] == [b["parity"] for b in first["builds"]]
 
-    edit("recipes/qwen3_tts/recipe.py", 'name="predictor_decode",', 'name="predictor_decode", version="2",')
+    recipe = src / "omni_export" / "recipes" / "qwen3_tts" / "recipe.py"      # predictor_decode's version bumped
+    text = recipe.read_text()
+    at = text.index('version="', text.index('name="predictor_decode",')) + len('version="')
+    recipe.write_text(text[:at] + "bumped-" + text[at:])
     third = run_from(src)
     assert hits(third) == {"predictor_decode": False, "text_projection": True}
 
