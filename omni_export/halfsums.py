@@ -5,8 +5,8 @@ fp16 accumulator per output and round after every term (omni_export/exporters/fp
 rounding error grows with the number of terms: one 0.6B linear of 1024 / 3072 inputs scores ~46 /
 ~42 dB against fp32, and the 0.6B talker, predictor and text projection .pte builds scored 33-40 dB
 on such a host. Splitting the reduction into slices of at most SUM_TERMS terms, each its own product,
-and adding the partial results pairwise bounds every accumulator's run: ~56 dB per product at 128
-terms (docs/fp16-pte.md).
+and adding the partial results (pairwise in `linear` and SplitConv, as one short sum in SplitLinear)
+bounds every accumulator's run: ~56 dB per product at 128 terms (docs/fp16-pte.md).
 
 Every helper here returns the plain op for inputs that are not fp16 (fp32 programs, ONNX and QNN
 traces keep their forms), and the split forms use only ops XNNPACK delegates (slice, linear /

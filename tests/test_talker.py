@@ -361,8 +361,13 @@ def test_predictor_tables_and_heads_are_2d_constants_and_go_8_bit(tmp_path):
     3-D constant that the w8a16 graphs kept at 16 bits with one scale (the demo's predictor graphs had
     1-6 % of their weight bytes at 8 bits). As rows of flat [15 V, D] tables (the decode step) and
     constants per step (the prefill's head), the heads and tables are 2-D: MatMul weights and row-scaled
-    8-bit tables."""
+    8-bit tables. The decode gathers its head HEAD_ROWS rows at a time (QNN 2.51's HTP simulator
+    segfaults gathering 2048 x 1024 rows of such a table)."""
+    import onnx
+    from onnx import shape_inference
+
     from conftest import GEOMETRY, builds_by, read_manifest, run_cli
+    from omni_export.recipes.qwen3_tts.talker import HEAD_ROWS
 
     out = tmp_path / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--out", str(out), "--precision", "w8a16", "--formats", "onnx",
@@ -374,3 +379,11 @@ def test_predictor_tables_and_heads_are_2d_constants_and_go_8_bit(tmp_path):
         build = b[(g, "onnx", "w8a16")]
         assert build["status"] == "accepted", (g, build["parity"])
         assert build["details"]["weight_bits"]["8"] >= 0.9, (g, build["details"]["weight_bits"])
+    m = shape_inference.infer_shapes(onnx.load(str(out / b[("predictor_decode", "onnx", "w8a16")]["files"][0]["path"])))
+    dims = {i.name: list(i.dims) for i in m.graph.initializer}
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in m.graph.value_info}
+    producer = {o: n for n in m.graph.node for o in n.output}
+    heads = [n for n in m.graph.node if n.op_type == "Gather" and producer[n.input[0]].input[0] == "core.heads_quantized_rows8"]
+    assert dims["core.heads_quantized_rows8"][0] == dims["core.tables_quantized_rows8"][0] == 15 * 2048
+    rows = [shapes[n.input[1]] for n in heads]          # 1024 rows ran on the simulator, 2048 crashed it
+    assert HEAD_ROWS <= 1024 and all(len(r) == 1 and r[0] <= 1024 for r in rows) and sum(r[0] for r in rows) == 2048, rows
