@@ -14,12 +14,15 @@ from .core import Format, Precision
 
 VERSIONS = {
     "capture": 1,     # captured inputs and fp32 references: captured.py, trace.py, weights.py, blocks.py
-    "onnx": 3,        # the fp32 ONNX and the HTP-safe rewrites: exporters/onnx.py (export), rewrites.py, patches/
+    "onnx": 4,        # the fp32 ONNX and the HTP-safe rewrites: exporters/onnx.py (export), rewrites.py, patches/
                       # 2: no Python stack traces (source paths) in the nodes' metadata
                       # 3: the HTP targets' default rewrites add sin_dense (a narrow sin in a dense layout)
+                      # 4: a weight several nodes read is one constant (share_equal_weights,
+                      #    fold_shared_transposes), not a copy or a Transpose per reader
     "fp16": 1,        # the fp16 ONNX: exporters/onnx.py (to_fp16, share_matmul_weights)
-    "quantize": 2,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
+    "quantize": 3,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
                       # 2: large 16-bit tables as 8-bit codes with a scale per row (tables_per_row)
+                      # 3: linears per channel take Gemm too, one Conv weight per weight (linears_as_conv)
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
                       # 2: int4 only for MatMul / Conv weights (other constants as w8a16), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)

@@ -109,3 +109,55 @@ def test_a_job_store_and_a_bundle_leave_external_data_readable_by_onnx(program, 
     link_or_copy(ox.data_file(fp32), tmp_path / "bundle" / ox.data_file(fp32).name)
     assert fp32.stat().st_nlink > 1 and ox.data_file(fp32).stat().st_nlink == 1     # only the data is copied
     onnx.checker.check_model(str(tmp_path / "bundle" / fp32.name))
+
+
+class Unrolled(torch.nn.Module):
+    """Three unrolled steps reading the same weights, as the fused predictor frame's 15 do: a large
+    linear (128 x 128: the exporter does not fold the Transpose of a weight with several readers past
+    8192 elements), a small one (folded once per reader) and a head on a 2-D input (a Gemm)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.big = torch.nn.Linear(128, 128, bias=False)
+        self.small = torch.nn.Linear(128, 16)
+        self.head = torch.nn.Linear(16, 24)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+    def forward(self, x):
+        outs = []
+        for _ in range(3):
+            x = torch.tanh(self.big(x))
+            outs.append(self.head(self.small(x).reshape(1, 16)))
+        return torch.cat(outs, 0)
+
+
+def test_weights_read_by_several_steps_are_one_constant_that_quantizes_as_a_weight(tmp_path, monkeypatch):
+    """Inline and external: each weight is one initializer however many steps read it (no Transpose
+    of a weight left for the quantizer to take for an activation), the outputs are the module's, the
+    w8a16 graph holds every weight at 8 bits, and the per-channel form has one Conv weight per weight
+    (the Gemm head's bias its Conv's)."""
+    program = torch.export.export(Unrolled().eval(), (torch.zeros(1, 1, 128),))
+    x = np.random.default_rng(0).standard_normal((1, 1, 128)).astype(np.float32)
+    want = Unrolled().eval()(torch.from_numpy(x)).detach().numpy()
+    inline = ox.export(program, tmp_path / "inline" / "fp32.onnx", ["x"], ["y"])
+    monkeypatch.setattr(ox, "_STREAM_BYTES", 0)
+    external = ox.export(program, tmp_path / "external" / "fp32.onnx", ["x"], ["y"])
+    assert ox.data_file(external).exists() and not ox.data_file(inline).exists()
+    rng = np.random.default_rng(1)
+    calib = [{"x": rng.standard_normal((1, 1, 128)).astype(np.float32)} for _ in range(8)]
+    for path in (inline, external):
+        m = onnx.load(str(path))
+        inits = {i.name for i in m.graph.initializer}
+        assert sum(1 for i in m.graph.initializer if len(i.dims) == 2) == 3, path
+        assert not [n for n in m.graph.node if n.op_type == "Transpose" and n.input[0] in inits]
+        np.testing.assert_allclose(run(path, x), want, rtol=1e-5, atol=1e-5)
+        q = ox.quantize_qdq(path, path.parent / "w8a16.qdq.onnx", calib, Precision.W8A16)
+        assert ox.weight_bits(q) == {"8": 1.0}
+        conv = ox.linears_as_conv(path, path.parent / "conv.onnx")
+        cm = onnx.load(str(conv))
+        assert [n.op_type for n in cm.graph.node].count("Conv") == 9
+        assert sum(1 for i in cm.graph.initializer if len(i.dims) == 4) == 3
+        np.testing.assert_allclose(run(conv, x), want, rtol=1e-5, atol=1e-5)

@@ -50,13 +50,137 @@ def export(program, path: Path, input_names: Sequence[str], output_names: Sequen
     strip_source_paths(model)
     if not big:
         fold_weight_layouts(model)
-    if big:
+        share_equal_weights(model)
+        onnxfile.save(model, path)
+    elif fold_shared_transposes(model, path) == 0:
         import onnx
 
         onnx.save(model, str(path))
-    else:
-        onnxfile.save(model, path)
     return path
+
+
+def share_equal_weights(model) -> int:
+    """Make the initializers (held in the model, not external) of equal type, shape and bytes one,
+    read by every node that read any of them; returns how many were dropped.
+
+    The exporter folds a small weight's Transpose once per reader: the fused predictor frame reads each
+    decoder weight in 15 unrolled steps, and the demo's frame held 15 copies of each (tiny: 210
+    MatMul weights for 14). Quantized, each copy got its own scale; compiled, its own bytes."""
+    import hashlib
+
+    g = model.graph
+    first: dict[tuple, str] = {}
+    rename: dict[str, str] = {}
+    for t in g.initializer:
+        if len(t.dims) < 2 or not t.HasField("raw_data"):
+            continue
+        key = (t.data_type, tuple(t.dims), hashlib.sha256(t.raw_data).digest())
+        if key in first:
+            rename[t.name] = first[key]
+        else:
+            first[key] = t.name
+    outputs = {o.name for o in g.output}
+    rename = {a: b for a, b in rename.items() if a not in outputs}
+    if not rename:
+        return 0
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x in rename:
+                n.input[k] = rename[x]
+    keep = [t for t in g.initializer if t.name not in rename]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return len(rename)
+
+
+def fold_shared_transposes(model, path: Path) -> int:
+    """For a model whose weights are in PATH's external data: fold every Transpose of an initializer
+    into a transposed initializer, one per weight and permutation however many nodes read it, and make
+    initializers of equal type, shape and bytes one (share_equal_weights' rule); rewrite PATH and its
+    data (streamed, a tensor at a time) when either changed anything. Returns how many Transposes and
+    copies were removed (0: nothing written).
+
+    The exporter folds a large weight's Transpose only when the weight has one reader, and a small
+    one's once per reader: the fused predictor frame's decoder weights, read in 15 unrolled steps,
+    stayed fp32 initializers behind Transposes at 0.6B, which the quantizer takes for activations
+    (16-bit, one scale per tensor) and the HTP transposes on every call: the frame's w8a16 had 17 %
+    of its weight bytes at 8 bits."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    outputs = {o.name for o in g.output}
+    src_data = data_file(path)
+    base = str(src_data.parent)
+    raw = np.memmap(src_data, dtype=np.uint8, mode="r") if src_data.exists() else None
+
+    def digest(t) -> bytes:
+        if uses_external_data(t):
+            info = _external(t)
+            offset, length = int(info.get("offset", 0)), int(info["length"])
+            return hashlib.sha256(memoryview(raw[offset:offset + length])).digest()
+        return hashlib.sha256(numpy_helper.to_array(t).tobytes()).digest()
+
+    rename: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for t in g.initializer:
+        if len(t.dims) >= 2 and t.name not in outputs:
+            key = (t.data_type, tuple(t.dims), digest(t))
+            if first.setdefault(key, t.name) != t.name:
+                rename[t.name] = first[key]
+    folds: dict[tuple, str] = {}             # (weight, perm) -> the folded initializer's name
+    drop = []
+    for n in g.node:
+        if n.op_type != "Transpose" or not n.input or rename.get(n.input[0], n.input[0]) not in inits \
+                or n.output[0] in outputs:
+            continue
+        perm = [helper.get_attribute_value(a) for a in n.attribute if a.name == "perm"]
+        key = (rename.get(n.input[0], n.input[0]), tuple(perm[0]) if perm else None)
+        rename[n.output[0]] = folds.setdefault(key, n.output[0])
+        drop.append(n)
+    rename = {a: b for a, b in rename.items() if a != b}
+    if not drop and not rename:
+        return 0
+    for n in drop:
+        g.node.remove(n)
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x in rename:
+                n.input[k] = rename[x]
+    used = {x for n in g.node for x in n.input} | outputs
+    out = path.with_name(path.name + ".fold")
+    out_data = data_file(out)
+    tensors = []
+    with open(out_data, "wb") as f:
+        def stream(t, name: str, array: np.ndarray | None = None):
+            if array is None and not uses_external_data(t):
+                return t
+            data = np.ascontiguousarray(array if array is not None else numpy_helper.to_array(t, base))
+            new = onnx.TensorProto(name=name, data_type=t.data_type, dims=data.shape,
+                                   data_location=onnx.TensorProto.EXTERNAL)
+            f.seek(-(-f.tell() // 4096) * 4096)                       # page-aligned, as onnx writes
+            offset = f.tell()
+            data.tofile(f)
+            for k, v in (("location", src_data.name), ("offset", str(offset)), ("length", str(data.nbytes))):
+                new.external_data.add(key=k, value=v)
+            return new
+
+        for t in g.initializer:
+            if t.name in used:
+                tensors.append(stream(t, t.name))
+        for (weight, perm), name in folds.items():
+            tensors.append(stream(inits[weight], name, np.transpose(numpy_helper.to_array(inits[weight], base), perm)))
+    del raw
+    del g.initializer[:]
+    g.initializer.extend(tensors)
+    onnx.save(model, str(out))
+    out_data.replace(src_data)
+    out.replace(path)
+    return len(drop) + sum(1 for a in rename if a in inits)
 
 
 SOURCE_METADATA = ("pkg.torch.onnx.stack_trace",)
@@ -1140,8 +1264,10 @@ def activation_matmul_operands(src: Path) -> dict[str, list[str]]:
 
 
 def linears_as_conv(src: Path, dst: Path) -> Path:
-    """Every MatMul by a constant 2-D weight [in, out] as a 1x1 Conv over [1, in, 1, T] (T = the
-    flattened leading dims), between Reshape/Transpose pairs; the MatMul's output name is kept.
+    """Every MatMul by a constant 2-D weight [in, out] (and every Gemm of a 2-D input by a constant
+    weight, F.linear's form: its bias becomes the Conv's) as a 1x1 Conv over [1, in, 1, T] (T = the
+    flattened leading dims), between Reshape/Transpose pairs; the node's output name is kept. Nodes
+    reading one weight share one Conv weight (the fused predictor frame's 15 steps).
 
     Why: the QNN EP quantizes MatMul weights per tensor (QNN has no per-channel MatMul; onnxruntime's
     get_qnn_qdq_config forces per-tensor even with per_channel=True), Conv weights per output
@@ -1170,21 +1296,34 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
         g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
         return name
 
+    shared: dict[tuple[str, bool], str] = {}   # (weight, stored [out, in]) -> its Conv weight
     for n in g.node:
-        w = inits.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        w, transposed, bias = None, False, None
+        if n.op_type == "MatMul" and len(n.input) == 2:
+            w = inits.get(n.input[1])
+        elif n.op_type == "Gemm" and len(n.input) >= 2 and n.input[0] not in inits:
+            # y = A B' + C with A [M, K], a constant B, unit alpha / beta (F.linear of a 2-D input)
+            a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+            c = inits.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+            if not a.get("transA", 0) and a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0 and \
+                    (len(n.input) < 3 or not n.input[2] or (c is not None and len(c.dims) == 1)):
+                w, transposed = inits.get(n.input[1]), bool(a.get("transB", 0))
+                bias = n.input[2] if c is not None else None
         out_shape = shapes.get(n.output[0], [])
         if w is None or len(w.dims) != 2 or not out_shape or 0 in out_shape:
             nodes.append(n)
             continue
         k += 1
-        fan_in, fan_out = w.dims
-        conv_w = f"{w.name}.conv{k}"
-        conv_of[conv_w] = w.name
+        fan_in, fan_out = w.dims[::-1] if transposed else w.dims
+        conv_w = shared.get((w.name, transposed))
+        if conv_w is None:          # one Conv weight per weight, however many nodes read it
+            conv_w = shared[(w.name, transposed)] = f"{w.name}.conv{k}"
+            conv_of[conv_w] = (w.name, transposed)
         t = [f"{n.output[0]}.lc{k}.{x}" for x in ("x2", "xt", "x4", "y4", "y2", "yt")]
         nodes += [helper.make_node("Reshape", [n.input[0], const(f"lc{k}.s1", [-1, fan_in])], [t[0]]),
                   helper.make_node("Transpose", [t[0]], [t[1]], perm=[1, 0]),
                   helper.make_node("Reshape", [t[1], const(f"lc{k}.s2", [1, fan_in, 1, -1])], [t[2]]),
-                  helper.make_node("Conv", [t[2], conv_w], [t[3]], kernel_shape=[1, 1],
+                  helper.make_node("Conv", [t[2], conv_w] + ([bias] if bias else []), [t[3]], kernel_shape=[1, 1],
                                    name=(n.name or f"linear{k}") + ".conv"),
                   helper.make_node("Reshape", [t[3], const(f"lc{k}.s3", [fan_out, -1])], [t[4]]),
                   helper.make_node("Transpose", [t[4]], [t[5]], perm=[1, 0]),
@@ -1194,8 +1333,9 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     used = {i for n in g.node for i in n.input}
 
     def conv_weight(name: str) -> np.ndarray:
-        weight = numpy_helper.to_array(inits[conv_of[name]], str(Path(src).parent))    # [in, out]
-        return np.ascontiguousarray(weight.T[:, :, None, None])
+        weight, transposed = conv_of[name]
+        weight = numpy_helper.to_array(inits[weight], str(Path(src).parent))    # [in, out] ([out, in]: transposed)
+        return np.ascontiguousarray((weight if transposed else weight.T)[:, :, None, None])
 
     if not external:
         keep = [i for i in g.initializer if i.name in used]
