@@ -61,8 +61,11 @@ class SplitLinear(nn.Module):
         w = layer.weight.detach()
         out, k = w.shape
         self.groups, self.pad, self.out = len(spans(k)), -k % SUM_TERMS, out
-        w = F.pad(w, (0, self.pad)).reshape(out, self.groups, SUM_TERMS).transpose(0, 1)
+        if self.pad:
+            w = F.pad(w, (0, self.pad))
+        w = w.reshape(out, self.groups, SUM_TERMS).transpose(0, 1)
         self.register_buffer("weight", w.reshape(self.groups * out, SUM_TERMS, 1).contiguous())
+        layer.weight = None             # the layer's own copy goes now, not when the caller drops the layer
         bias = None
         if layer.bias is not None:
             bias = torch.cat([layer.bias.detach(), layer.bias.new_zeros((self.groups - 1) * out)])

@@ -26,10 +26,11 @@ VERSIONS = {
     "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
                       # 2: int4 only for MatMul / Conv weights (other constants as w8a16), per block of input channels
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
-    "pte": 3,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
+    "pte": 4,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
                       # recipes' XNNPACK forms (talker._Xnnpack)
                       # 2: fp16 products in sums of <= 128 terms (halfsums.py)
                       # 3: those short sums as a grouped 1x1 convolution and a linear of ones (SplitLinear)
+                      # 4: fp16 convolution weights stored as fp16, not fp32 (patches/xnnpack_preprocess.py)
     "parity": 2,      # scores and verdicts: parity/metrics.py, parity/gate.py, runtime/runners.py
                       # 2: summed embeddings gated against their codebook rows (RowSum); the reason gives
                       # raw agreement and excused rows; the fused frame scores 4 samples on the simulator

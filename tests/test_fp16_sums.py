@@ -4,6 +4,8 @@ Phones' XNNPACK (and AVX512-FP16 hosts') sums fp16 products in fp16; this host's
 (omni_export/cpu.py), so the loss is shown under the emulation (exporters/fp16acc.py, which scores
 the 0.6B text projection as the AVX512-FP16 Xeon's real runtime did) and the split program is run
 on this host's real ExecuTorch runtime and checked to stay one XNNPACK delegate."""
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -85,3 +87,37 @@ def test_split_sums_lower_to_one_delegate_and_run(long_sums):
     from omni_export.cpu import cpu_facts
 
     assert snr(ref.numpy(), out.numpy()) > (49 if cpu_facts()["xnnpack_fp16_accumulation"] == "fp16" else 55)
+
+
+def test_fp16_convolution_weights_are_stored_as_fp16():
+    """ExecuTorch 1.5.1's XNNPACK convolution visitor serializes fp16 filters as fp32 (twice the bytes in
+    the .pte and in the lowering's memory); within conv_weights_keep_fp16 a convolution's fp16 filter
+    and bias are stored as they are, a transposed one's still as fp32 (XNNPACK's deconvolution refuses
+    fp16 filters), and the program loads and computes the same outputs."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from omni_export.exporters.executorch import release_lowering_caches
+    from omni_export.exporters.patches.xnnpack_preprocess import conv_weights_keep_fp16
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv1d(64, 256, 1), nn.Conv1d(256, 256, 3, groups=2), nn.ConvTranspose1d(256, 16, 4, 2))
+    m = m.half().eval()
+    x = torch.randn(1, 64, 20, dtype=torch.float16)
+    weights = [p.numel() for p in m.parameters()]
+    deconv = sum(p.numel() for p in m[2].parameters())
+    outs, sizes = [], []
+    try:
+        for keep in (False, True):
+            ep = torch.export.export(m, (x,))
+            with conv_weights_keep_fp16() if keep else contextlib.nullcontext():
+                buf = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+            sizes.append(len(buf))
+            outs.append(Runtime.get().load_program(buf).load_method("forward").execute([x])[0])
+    finally:
+        release_lowering_caches()
+    fp16_bytes = 2 * (sum(weights) - deconv)
+    # the convolutions' filters shrink by their fp16 size; the transposed one's stay
+    assert abs((sizes[0] - sizes[1]) - fp16_bytes) < 0.02 * fp16_bytes, (sizes, fp16_bytes)
+    assert torch.equal(outs[0], outs[1])

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..core import Precision
 from .patches.fx_passes import fast_passes, skip_idle_decompositions, skip_idle_retraces
-from .patches.xnnpack_preprocess import preprocess_shares_weights
+from .patches.xnnpack_preprocess import conv_weights_keep_fp16, preprocess_shares_weights
 
 SCHEMES = {
     Precision.FP32: "fp32, XNNPACK",
@@ -279,7 +279,8 @@ def _lower(program, path: Path) -> Path:
 
     big = len(program.graph.nodes) > LEVEL_PARTITION_NODES
     partitioner = _level_xnnpack_partitioner() if big else XnnpackPartitioner()
-    et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
+    with conv_weights_keep_fp16():         # fp16 convolution weights stored as fp16, not fp32
+        et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         # streamed from the serialized pieces: `et.buffer` joins them into one more contiguous copy of
