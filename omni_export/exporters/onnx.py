@@ -1290,7 +1290,7 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     nodes, k = [], 0
-    conv_of: dict[str, str] = {}            # new Conv weight -> the MatMul weight it transposes
+    conv_of: dict[str, tuple[str, bool]] = {}     # new Conv weight -> (the weight it lays out, stored [out, in])
 
     def const(name, values):
         g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
@@ -1304,10 +1304,12 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
         elif n.op_type == "Gemm" and len(n.input) >= 2 and n.input[0] not in inits:
             # y = A B' + C with A [M, K], a constant B, unit alpha / beta (F.linear of a 2-D input)
             a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+            b = inits.get(n.input[1])
             c = inits.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+            outs = b.dims[0 if a.get("transB", 0) else 1] if b is not None and len(b.dims) == 2 else None
             if not a.get("transA", 0) and a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0 and \
-                    (len(n.input) < 3 or not n.input[2] or (c is not None and len(c.dims) == 1)):
-                w, transposed = inits.get(n.input[1]), bool(a.get("transB", 0))
+                    (len(n.input) < 3 or not n.input[2] or (c is not None and list(c.dims) == [outs])):
+                w, transposed = b, bool(a.get("transB", 0))     # the bias: one per output, the Conv's
                 bias = n.input[2] if c is not None else None
         out_shape = shapes.get(n.output[0], [])
         if w is None or len(w.dims) != 2 or not out_shape or 0 in out_shape:
