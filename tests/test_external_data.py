@@ -156,6 +156,10 @@ def test_weights_read_by_several_steps_are_one_constant_that_quantizes_as_a_weig
         np.testing.assert_allclose(run(path, x), want, rtol=1e-5, atol=1e-5)
         q = ox.quantize_qdq(path, path.parent / "w8a16.qdq.onnx", calib, Precision.W8A16)
         assert ox.weight_bits(q) == {"8": 1.0}
+        q4 = onnx.load(str(ox.quantize_qdq(path, path.parent / "w4a16.qdq.onnx", calib, Precision.W4A16)))
+        blocks = [a.i for n in q4.graph.node if n.op_type == "DequantizeLinear"
+                  for a in n.attribute if a.name == "block_size"]
+        assert blocks == [ox.INT4_BLOCK] * 2        # both MatMul weights in blocks, read by 3 steps each
         conv = ox.linears_as_conv(path, path.parent / "conv.onnx")
         cm = onnx.load(str(conv))
         assert [n.op_type for n in cm.graph.node].count("Conv") == 9

@@ -69,6 +69,8 @@ def share_equal_weights(model) -> int:
     import hashlib
 
     g = model.graph
+    if _has_subgraphs(g):           # readers inside If / Loop bodies are not renamed here
+        return 0
     first: dict[tuple, str] = {}
     rename: dict[str, str] = {}
     for t in g.initializer:
@@ -112,6 +114,8 @@ def fold_shared_transposes(model, path: Path) -> int:
     from onnx.external_data_helper import uses_external_data
 
     g = model.graph
+    if _has_subgraphs(g):           # readers inside If / Loop bodies are not renamed here
+        return 0
     inits = {i.name: i for i in g.initializer}
     outputs = {o.name for o in g.output}
     src_data = data_file(path)
@@ -138,8 +142,9 @@ def fold_shared_transposes(model, path: Path) -> int:
         if n.op_type != "Transpose" or not n.input or rename.get(n.input[0], n.input[0]) not in inits \
                 or n.output[0] in outputs:
             continue
+        weight = rename.get(n.input[0], n.input[0])
         perm = [helper.get_attribute_value(a) for a in n.attribute if a.name == "perm"]
-        key = (rename.get(n.input[0], n.input[0]), tuple(perm[0]) if perm else None)
+        key = (weight, tuple(perm[0]) if perm else tuple(reversed(range(len(inits[weight].dims)))))
         rename[n.output[0]] = folds.setdefault(key, n.output[0])
         drop.append(n)
     rename = {a: b for a, b in rename.items() if a != b}
@@ -154,6 +159,31 @@ def fold_shared_transposes(model, path: Path) -> int:
     used = {x for n in g.node for x in n.input} | outputs
     out = path.with_name(path.name + ".fold")
     out_data = data_file(out)
+    try:
+        _write_folded(model, path, out, inits, folds, used, base)
+    finally:
+        out.unlink(missing_ok=True)
+        out_data.unlink(missing_ok=True)
+    del raw
+    return len(drop) + sum(1 for a in rename if a in inits)
+
+
+def _has_subgraphs(g) -> bool:
+    import onnx
+
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute)
+
+
+def _write_folded(model, path: Path, out: Path, inits: dict, folds: dict, used: set, base: str) -> None:
+    """fold_shared_transposes' rewrite: OUT and its data (streamed), then moved over PATH's. A kill
+    between the two moves leaves a graph that does not match its data: the export job did not finish,
+    and reruns."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    g = model.graph
+    src_data, out_data = data_file(path), data_file(out)
     tensors = []
     with open(out_data, "wb") as f:
         def stream(t, name: str, array: np.ndarray | None = None):
@@ -174,13 +204,11 @@ def fold_shared_transposes(model, path: Path) -> int:
                 tensors.append(stream(t, t.name))
         for (weight, perm), name in folds.items():
             tensors.append(stream(inits[weight], name, np.transpose(numpy_helper.to_array(inits[weight], base), perm)))
-    del raw
     del g.initializer[:]
     g.initializer.extend(tensors)
     onnx.save(model, str(out))
     out_data.replace(src_data)
     out.replace(path)
-    return len(drop) + sum(1 for a in rename if a in inits)
 
 
 SOURCE_METADATA = ("pkg.torch.onnx.stack_trace",)
@@ -792,12 +820,16 @@ def int4_blocks(fp32: Path, qdq: Path, block: int | None = None) -> int:
             continue
         q = inits[dq.input[0]]
         users = consumers.get(dq.output[0], [])
-        if q.data_type != onnx.TensorProto.INT4 or len(users) != 1 or users[0].input[1] != dq.output[0]:
+        # several readers (the fused frame's 15 steps read one weight): one re-cut if they all read the
+        # same fp32 weight as their weight, in the same op
+        if q.data_type != onnx.TensorProto.INT4 or not users or any(u.input[1:2] != [dq.output[0]] for u in users):
             continue
         user = users[0]
-        ref = by_name.get(user.name)
+        refs = [by_name.get(u.name) for u in users]
+        ref = refs[0]
         dims = list(q.dims)
-        if ref is None or ref.op_type != user.op_type or len(ref.input) < 2:
+        if any(r is None or r.op_type != user.op_type or len(r.input) < 2 or u.op_type != user.op_type
+               or r.input[1] != ref.input[1] for r, u in zip(refs, users)):
             continue
         if user.op_type == "MatMul" and len(dims) == 2:
             k_axis = 0

@@ -67,6 +67,8 @@ def conv_weights_keep_fp16():
     import executorch.backends.xnnpack.operators  # noqa: F401  (registers the node visitors)
     from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
 
+    from .fx_passes import _nested
+
     conv = _node_visitor_dict["aten.convolution.default"]    # op_conv2d.Conv2d: the decorator returns None
     own = conv.__dict__["define_node"]
 
@@ -77,18 +79,32 @@ def conv_weights_keep_fp16():
         def define_tensor(tensor, *a, force_fp32=False, **k):
             val = tensor.meta.get("val")
             if force_fp32 and k.get("quant_params") is None and isinstance(val, torch.Tensor) \
-                    and val.dtype == torch.float16:
+                    and val.dtype == torch.float16 and not _read_by_transposed(tensor):
                 force_fp32 = False
             return type(self).define_tensor(self, tensor, *a, force_fp32=force_fp32, **k)
 
+        before = self.__dict__.get("define_tensor")
         self.define_tensor = define_tensor
         try:
             return own(self, node, *args, **kwargs)
         finally:
-            del self.define_tensor
+            if before is None:
+                self.__dict__.pop("define_tensor", None)
+            else:
+                self.define_tensor = before
 
-    conv.define_node = define_node
-    try:
-        yield
-    finally:
+    def install():
+        conv.define_node = define_node
+
+    def restore():
         conv.define_node = own
+
+    with _nested("conv_weights_keep_fp16", install, restore):
+        yield
+
+
+def _read_by_transposed(tensor) -> bool:
+    """Whether a transposed convolution also reads this weight (it is serialized once, for whichever
+    convolution is defined first, and the deconvolution must get it as fp32)."""
+    return any(u.op == "call_function" and "convolution" in str(u.target) and len(u.args) > 6 and u.args[6]
+               for u in getattr(tensor, "users", ()))
