@@ -23,8 +23,9 @@ VERSIONS = {
     "quantize": 3,    # QDQ ONNX: exporters/onnx.py (quantize_qdq and its calibration), exporters/gptq.py
                       # 2: large 16-bit tables as 8-bit codes with a scale per row (tables_per_row)
                       # 3: linears per channel take Gemm too, one Conv weight per weight (linears_as_conv)
-    "int4": 2,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
+    "int4": 3,        # w4a16's int4 weights: exporters/onnx.py (int4_overrides, int4_blocks), gptq.py's block grid
                       # 2: int4 only for MatMul / Conv weights (other constants as w8a16), per block of input channels
+                      # 3: a weight several nodes read is re-cut in blocks too (int4_blocks)
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
     "pte": 4,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
                       # recipes' XNNPACK forms (talker._Xnnpack)
