@@ -85,10 +85,7 @@ def share_equal_weights(model) -> int:
     rename = {a: b for a, b in rename.items() if a not in outputs}
     if not rename:
         return 0
-    for n in g.node:
-        for k, x in enumerate(n.input):
-            if x in rename:
-                n.input[k] = rename[x]
+    _rename_inputs(g, rename)
     keep = [t for t in g.initializer if t.name not in rename]
     del g.initializer[:]
     g.initializer.extend(keep)
@@ -152,10 +149,7 @@ def fold_shared_transposes(model, path: Path) -> int:
         return 0
     for n in drop:
         g.node.remove(n)
-    for n in g.node:
-        for k, x in enumerate(n.input):
-            if x in rename:
-                n.input[k] = rename[x]
+    _rename_inputs(g, rename)
     used = {x for n in g.node for x in n.input} | outputs
     out = path.with_name(path.name + ".fold")
     out_data = data_file(out)
@@ -174,6 +168,31 @@ def _has_subgraphs(g) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute)
 
 
+def _rename_inputs(g, rename: dict[str, str]) -> None:
+    """Every node of `g` that read a name in `rename` reads its new name."""
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x in rename:
+                n.input[k] = rename[x]
+
+
+def _write_external(f, name: str, array: np.ndarray, location: str):
+    """`array` appended to the open data file `f` (page-aligned, as onnx writes) and the TensorProto
+    that points at it in LOCATION."""
+    import onnx
+    from onnx import helper
+
+    array = np.ascontiguousarray(array)
+    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                         dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
+    f.seek(-(-f.tell() // 4096) * 4096)
+    offset = f.tell()
+    array.tofile(f)
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
+        t.external_data.add(key=key, value=value)
+    return t
+
+
 def _write_folded(model, path: Path, out: Path, inits: dict, folds: dict, used: set, base: str) -> None:
     """fold_shared_transposes' rewrite: OUT and its data (streamed), then moved over PATH's. A kill
     between the two moves leaves a graph that does not match its data: the export job did not finish,
@@ -189,15 +208,8 @@ def _write_folded(model, path: Path, out: Path, inits: dict, folds: dict, used: 
         def stream(t, name: str, array: np.ndarray | None = None):
             if array is None and not uses_external_data(t):
                 return t
-            data = np.ascontiguousarray(array if array is not None else numpy_helper.to_array(t, base))
-            new = onnx.TensorProto(name=name, data_type=t.data_type, dims=data.shape,
-                                   data_location=onnx.TensorProto.EXTERNAL)
-            f.seek(-(-f.tell() // 4096) * 4096)                       # page-aligned, as onnx writes
-            offset = f.tell()
-            data.tofile(f)
-            for k, v in (("location", src_data.name), ("offset", str(offset)), ("length", str(data.nbytes))):
-                new.external_data.add(key=k, value=v)
-            return new
+            return _write_external(f, name, array if array is not None else numpy_helper.to_array(t, base),
+                                   src_data.name)
 
         for t in g.initializer:
             if t.name in used:
@@ -1385,14 +1397,7 @@ def linears_as_conv(src: Path, dst: Path) -> Path:
     tensors = []
     with open(data, "wb") as f:
         def stream(name: str, array: np.ndarray):
-            t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                                 dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
-            f.seek(-(-f.tell() // 4096) * 4096)                       # page-aligned, as onnx writes
-            offset = f.tell()
-            np.ascontiguousarray(array).tofile(f)
-            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(array.nbytes))):
-                t.external_data.add(key=key, value=value)
-            return t
+            return _write_external(f, name, array, data.name)
 
         for i in g.initializer:
             if i.name not in used:
