@@ -105,7 +105,8 @@ COMPONENTS = (
         # worst (2 for other graphs): nothing else runs the frame on the HTP there. 0.6B at b0be2a1e:
         # 39.3 s (fp16) and 188.3 s (w8a16) per sample on the simulator, so 4 double the frame's 457.6 s.
         sim_samples=4,
-        requires=("predictor",), version="2",                 # 2: as the step graphs'
+        requires=("predictor",), version="3",                 # 2: as the step graphs'
+        # 3: the margin as a maximum with the winner masked, not a second TopK (float on the HTP)
         # synth checks these (host.frame_cannot_honour) and runs the step graphs instead
         limits={"subtalker_top_k": "traced with top-k 50 (host.FRAME_TOP_K); another top-k needs the step graphs",
                 "subtalker_top_p": "no top-p inside the graph; subtalker_top_p < 1 needs the step graphs"},
