@@ -30,14 +30,14 @@ sys.path.insert(0, str(ROOT))
 def long_sums():
     """The forms as they were before the short sums: every product one sum (SUM_TERMS unbounded)."""
     from omni_export import halfsums
-    from omni_export.recipes.qwen3_tts import talker
+    from omni_export.recipes.qwen3_tts import talker, xnnpack
 
-    old = halfsums.SUM_TERMS, talker.SUM_TERMS
-    halfsums.SUM_TERMS = talker.SUM_TERMS = 1 << 30
+    old = halfsums.SUM_TERMS, talker.SUM_TERMS, xnnpack.SUM_TERMS
+    halfsums.SUM_TERMS = talker.SUM_TERMS = xnnpack.SUM_TERMS = 1 << 30
     try:
         yield
     finally:
-        halfsums.SUM_TERMS, talker.SUM_TERMS = old
+        halfsums.SUM_TERMS, talker.SUM_TERMS, xnnpack.SUM_TERMS = old
 
 
 def fp16_module(module):

@@ -28,7 +28,7 @@ VERSIONS = {
                       # 3: a weight several nodes read is re-cut in blocks too (int4_blocks)
     "qnn": 1,         # DLCs and context binaries: qnn_ep.py, exporters/lower.py (provider options)
     "pte": 4,         # ExecuTorch programs: exporters/executorch.py, exporters/gptq.py, halfsums.py and the
-                      # recipes' XNNPACK forms (talker._Xnnpack)
+                      # recipes' XNNPACK forms (recipes/qwen3_tts/xnnpack.py)
                       # 2: fp16 products in sums of <= 128 terms (halfsums.py)
                       # 3: those short sums as a grouped 1x1 convolution and a linear of ones (SplitLinear)
                       # 4: fp16 convolution weights stored as fp16, not fp32 (patches/xnnpack_preprocess.py)

@@ -195,3 +195,48 @@ def test_the_stitched_stream_along_a_schedule_equals_the_full_decode(tiny_checkp
     assert len(pieces[0][0]) == c.samples_per_frame
     assert wav.shape == full.shape and snr(full, wav) >= 100
     assert snr(full, stream(reach // 2)[1]) < 60
+
+
+def test_executorch_form_is_the_same_function(tmp_path):
+    """Code2Wav's .pte form (recipes/qwen3_tts/xnnpack.py: means as matmuls, grouped attention as bmm,
+    SiLU as x * sigmoid(x), the frame mask's repeats as matmuls with ones) computes what the chunk
+    graph computes, padded frames included; the eager module keeps its plain forms after it ran."""
+    from omni_export.recipes.qwen3_tts.xnnpack import Forms
+
+    st = load(tmp_path, 0)
+    m = build_code2wav(st.config, st.tensors, 7, 2)
+    codes = torch.from_numpy(host.synthetic_codes(7, 16, st.config.codebook_size, seed=1).T[None].copy())
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]], dtype=torch.float32)      # a first chunk: 2 padded frames
+    with torch.no_grad():
+        ref, form = m(codes, mask), m.executorch_variant()(codes, mask)
+    assert not Forms.on
+    assert snr(ref.numpy(), form.numpy()) > 100
+
+
+def test_fp16_gelu_form_stays_within_an_fp16_step():
+    """XNNPACK has no fp16 GELU: the fp16 form is GELU's tanh form as x * sigmoid(...). Computed in
+    fp16 it stays within 2.0e-3 of the erf form of its input (one fp16 step near 2; PyTorch's own fp16
+    GELU: 1.0e-3; x * sigmoid(1.702 x), the other common form, is 2e-2 off); in fp32 the form keeps
+    F.gelu (XNNPACK takes it)."""
+    from omni_export.recipes.qwen3_tts.xnnpack import Forms, gelu
+
+    x = torch.linspace(-12, 12, 48001).half()
+    exact = torch.nn.functional.gelu(x.double())
+    Forms.on = True
+    try:
+        form = gelu(x).double()
+        assert torch.equal(gelu(x.float()), torch.nn.functional.gelu(x.float()))
+    finally:
+        Forms.on = False
+    assert (form - exact).abs().max() <= 2.0e-3
+    assert not torch.equal(form, torch.nn.functional.gelu(x).double())     # the form did run
+
+
+def test_fp16_pte_is_one_xnnpack_delegate_after_the_codebook_lookup(fp16_build):
+    """Code2Wav's fp16 .pte: the codebook gather and its sum stay on portable kernels, everything after
+    them is one XNNPACK delegate (in the plain forms, 23: each RMS / layer-norm mean, GQA repeat, fp16
+    SiLU / GELU and mask repeat split the graph). The manifest records it for every .pte."""
+    from conftest import read_manifest
+
+    pte = {b["component"]: b["details"] for b in read_manifest(fp16_build)["builds"] if b["format"] == "pte"}
+    assert pte["code2wav"]["xnnpack_delegates"] <= 2 and pte["code2wav"]["portable_ops"] < 25, pte["code2wav"]

@@ -273,20 +273,28 @@ def _fp16_safe(program):
     return program.run_decompositions({op: _layer_norm_as_means})
 
 
-def _lower(program, path: Path) -> Path:
+def _lower(program, path: Path) -> dict:
+    """Write `program` as an XNNPACK .pte; returns how it was delegated, for the manifest: XNNPACK
+    partitions (`xnnpack_delegates`; each op XNNPACK does not take between two others splits the
+    graph, costs a copy at every boundary and makes the lowering slower) and the ops left to
+    ExecuTorch's portable kernels (`portable_ops`)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
     big = len(program.graph.nodes) > LEVEL_PARTITION_NODES
     partitioner = _level_xnnpack_partitioner() if big else XnnpackPartitioner()
     with conv_weights_keep_fp16():         # fp16 convolution weights stored as fp16, not fp32
-        et = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch()
+        edge = to_edge_transform_and_lower(program, partitioner=[partitioner])
+        calls = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+        et = edge.to_executorch()
+    delegates = sum("executorch_call_delegate" in c for c in calls)
+    portable = sum("executorch_call_delegate" not in c and "getitem" not in c for c in calls)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         # streamed from the serialized pieces: `et.buffer` joins them into one more contiguous copy of
         # the whole program (and keeps it), a copy of every weight at the lowering's peak
         et.write_to_file(f)
-    return path
+    return {"xnnpack_delegates": delegates, "portable_ops": portable}
 
 
 # ExecuTorch's memoised values that hold no program of ours: XNNPACK's pattern graphs (each a few
@@ -444,11 +452,11 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
         module = variant()
         details["module_variant"] = type(module).__name__
     if precision == Precision.FP32:
-        _lower(torch.export.export(module, example), path)
+        details.update(_lower(torch.export.export(module, example), path))
     elif precision == Precision.FP16:
         m, details["fp16_sums"] = fp16_program(module)
         converted()
-        _lower(_fp16_safe(torch.export.export(m, example)), path)
+        details.update(_lower(_fp16_safe(torch.export.export(m, example)), path))
     elif precision == Precision.W8A16:
         inner = _copy(module)
         hessians = None
@@ -469,7 +477,7 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
             del hessians
         m = _CastIO(_copy(inner, torch.float16), torch.float16).eval()
         converted()
-        _lower(_fp16_safe(torch.export.export(m, example)), path)
+        details.update(_lower(_fp16_safe(torch.export.export(m, example)), path))
     elif precision == Precision.W8A8:
         if not calibration:
             raise ValueError("w8a8 needs calibration data; none was given")
@@ -483,7 +491,7 @@ def _export_pte(module: nn.Module, example: Sequence[torch.Tensor], path: Path, 
             for args in _spread(calibration, PT2E_CALIBRATION_CALLS):
                 prepared(*args)
         converted = convert_pt2e(prepared)
-        _lower(torch.export.export(converted, example), path)
+        details.update(_lower(torch.export.export(converted, example), path))
         details["calibration_samples"] = min(len(calibration), PT2E_CALIBRATION_CALLS)
         if len(calibration) > PT2E_CALIBRATION_CALLS:
             details["calibration_note"] = (f"{PT2E_CALIBRATION_CALLS} of {len(calibration)} captured calls, "

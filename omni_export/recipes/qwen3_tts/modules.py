@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...attention import attend
 from ...blocks import Block, BlockChain
 from ...modeling.rope import rope_table
 from .checkpoint import Code2WavConfig
+from .xnnpack import Forms, XnnpackForms, gelu, mean_last, repeat_last, silu
 
 # Additive attention mask value. Finite and moderate so that quantized graphs keep a fine
 # activation scale on the masked scores (exp(-100) is 0 in fp16 and 4e-44 in fp32).
@@ -44,6 +46,8 @@ def mask_at(frame_mask: torch.Tensor, factor: int) -> torch.Tensor:
     b, t = frame_mask.shape
     if factor == 1:
         return frame_mask.reshape(b, 1, t)
+    if Forms.on:            # expand is not an op XNNPACK takes (xnnpack.py)
+        return repeat_last(frame_mask.reshape(b, 1, t), factor)
     return frame_mask.reshape(b, 1, t, 1).expand(b, 1, t, factor).reshape(b, 1, t * factor)
 
 
@@ -157,8 +161,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    @property
+    def mean_width(self) -> int:            # XnnpackForms' 1/n rows
+        return self.weight.shape[0]
+
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return self.weight * (x * torch.rsqrt(mean_last(x.pow(2)) + self.eps))
 
 
 def rotate_half(x):
@@ -182,6 +190,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if Forms.on:        # grouped heads folded into rows, products as 3-D bmm (xnnpack.py)
+            out = attend(q, k, v, bias, bmm=True).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+            return self.o_proj(out)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
@@ -200,7 +211,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LayerScale(nn.Module):
@@ -266,13 +277,36 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
+    @property
+    def mean_width(self) -> int:            # XnnpackForms' 1/n rows
+        return self.norm.normalized_shape[-1]
+
+    def _norm(self, h):
+        """The layer norm; in XNNPACK forms (xnnpack.py) its two means as matmuls (XNNPACK has no
+        layer norm, and its mean takes only 4-D inputs)."""
+        if not Forms.on:
+            return self.norm(h)
+        d = h - mean_last(h)
+        return d * torch.rsqrt(mean_last(d * d) + self.norm.eps) * self.norm.weight + self.norm.bias
+
     def forward(self, x, m):
         h = self.dwconv(x * m).transpose(1, 2)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        h = self.pwconv2(gelu(self.pwconv1(self._norm(h))))
         return x + (self.gamma * h).transpose(1, 2)
 
 
-class Upsample(Block):
+class _AtScale(Block):
+    """A block after the transformer, at `scale` samples per frame in, `scale * factor` out: the
+    frame mask repeats it reads (XnnpackForms' columns of ones)."""
+    scale: int = 1
+    factor: int = 1
+
+    @property
+    def repeat_factors(self) -> tuple[int, int]:
+        return self.scale, self.scale * self.factor
+
+
+class Upsample(_AtScale):
     """Causal transposed conv (x factor) + ConvNeXt block, at `scale` samples per frame so far."""
 
     keep: int | None = None     # input samples kept (crop_to_chunk)
@@ -293,7 +327,7 @@ class Upsample(Block):
         return self.block(h, tail(mask_at(frame_mask, self.scale * self.factor), out))
 
 
-class ConvIn(Block):
+class ConvIn(_AtScale):
     keep: int | None = None
 
     def __init__(self, cin: int, cout: int, scale: int):
@@ -308,7 +342,7 @@ class ConvIn(Block):
         return self.conv(tail(h, self.keep) * tail(mask_at(frame_mask, self.scale), self.keep))
 
 
-class DecoderBlock(Block):
+class DecoderBlock(_AtScale):
     """SnakeBeta -> causal transposed conv (x rate) -> residual units, dilations 1 / 3 / 9."""
 
     keep: int | None = None
@@ -333,7 +367,7 @@ class DecoderBlock(Block):
         return h
 
 
-class ConvOut(Block):
+class ConvOut(_AtScale):
     keep: int | None = None
     out: int | None = None      # output samples kept: the chunk's new frames
 
@@ -361,6 +395,14 @@ def crop_to_chunk(blocks: list[Block], frames: int, new: int) -> None:
         keep = new * block.scale + need
         block.keep = keep if keep < frames * block.scale else None
     blocks[-1].out = new * blocks[-1].scale
+
+
+class Code2Wav(BlockChain):
+    def executorch_variant(self) -> nn.Module:
+        """The same function in ops XNNPACK delegates (xnnpack.py): one partition after the codebook
+        lookup, where the plain forms lowered the demo's fp16 chunk in 23 (each RMS / layer-norm mean,
+        GQA repeat, fp16 SiLU / GELU and frame-mask repeat split the graph)."""
+        return XnnpackForms(self).eval()
 
 
 def build_code2wav(c: Code2WavConfig, tensors: dict, frames: int, new: int | None = None) -> BlockChain:
@@ -392,7 +434,7 @@ def build_code2wav(c: Code2WavConfig, tensors: dict, frames: int, new: int | Non
         _load_block(block, tensors, name, prefix, n)
     if new is not None and new < frames:
         crop_to_chunk([b for name, b, _ in blocks if name.startswith(("upsample.", "decoder."))], frames, new)
-    chain = BlockChain(("codes", "frame_mask"), ("wav",), [("rvq", rvq)] + [(n_, b) for n_, b, _ in blocks])
+    chain = Code2Wav(("codes", "frame_mask"), ("wav",), [("rvq", rvq)] + [(n_, b) for n_, b, _ in blocks])
     for m in chain.modules():
         if isinstance(m, SnakeBeta):
             m.fold()

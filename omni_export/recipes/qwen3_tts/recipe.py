@@ -133,7 +133,8 @@ COMPONENTS = (
                 "under the 40 dB gate: no single block (each >= 51.4 dB alone), the chain of 10 blocks compounds; "
                 "run Code2Wav on the GPU or at fp32 on the CPU (docs/fp16-pte.md)"},
         # --chunk-schedule: one more graph per chunk size other than N (code2wav_n1: N = 1), scored alone
-        variants="N", role="vocoder"),
+        variants="N", role="vocoder",
+        version="2"),       # 2: the .pte traced in XNNPACK forms (one delegate); the graph's class is Code2Wav
     Component(
         name="speaker_encoder",
         doc="ECAPA-TDNN x-vector of a reference of L log-mel frames, L up to F (Base checkpoints): reflect pads "

@@ -26,30 +26,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...attention import attend
-from ...halfsums import SUM_TERMS, linear as short_linear, pairwise, spans
+from ...halfsums import SUM_TERMS, linear as short_linear, spans
 from ...modeling.rope import rope_table
 from .config import DecoderGeometry, ModelConfig, talker_split
+from .xnnpack import Forms, XnnpackForms, mean_last, silu
 
 PREDICTOR_SLOTS = 17
 
 
-class _Xnnpack:
-    """While an ExecuTorch program is traced through `_XnnpackForms`, ops are written in forms XNNPACK
-    delegates (same values): the RMS mean as a matmul with a 1/n row (XNNPACK's mean only averages
-    4-D inputs over the last two dims), attention's products as 3-D bmm (a 4-D matmul lowers to
-    expand_copy, which XNNPACK does not take), and SiLU as x * sigmoid(x) (F.silu on fp16
-    decomposes to an fp32 SiLU between two casts XNNPACK does not take). Traced in fp16, the RMS mean
-    and the predictor heads are sums of products of at most halfsums.SUM_TERMS terms (phones'
-    XNNPACK sums fp16 products in fp16: the 1024-term means alone cost the 0.6B talker step 16.5 dB;
-    docs/fp16-pte.md); exporters/executorch.py splits the Linear layers the same way. Every other
-    trace (ONNX, QNN, eager) keeps the plain forms."""
-    on = False
-    rows: dict = {}          # (n, width) -> the tracing module's [1, width] buffer of 1/n
-
-    @classmethod
-    def row(cls, n: int, width: int, dtype=None):
-        r = cls.rows[n, width]
-        return r if dtype is None or r.dtype == dtype else r.to(dtype)
+# The recipe's XNNPACK forms (xnnpack.py), under the names this module's graphs and tests use.
+_Xnnpack = Forms
+_XnnpackForms = XnnpackForms
 
 
 class RMSNorm(nn.Module):
@@ -58,16 +45,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    @property
+    def mean_width(self) -> int:            # XnnpackForms' 1/n rows
+        return self.weight.shape[0]
+
     def forward(self, x):
-        if _Xnnpack.on:
-            n, xx = x.shape[-1], x * x
-            if x.dtype == torch.float16 and n > SUM_TERMS:    # short fp16 sums (omni_export/halfsums.py)
-                ms = pairwise([F.linear(xx[..., a:b], _Xnnpack.row(n, b - a)) for a, b in spans(n)])
-            else:
-                ms = F.linear(xx, _Xnnpack.row(n, n, x.dtype))
-        else:
-            ms = (x * x).mean(-1, keepdim=True)
-        return self.weight * (x / torch.sqrt(ms + self.eps))
+        return self.weight * (x / torch.sqrt(mean_last(x * x) + self.eps))
 
 
 def _rotate(x, cos, sin):
@@ -122,7 +105,7 @@ class DecoderLayer(nn.Module):
         h = self.post_attention_layernorm(x)
         gate = self.gate_proj(h)
         # x * sigmoid(x) as such for XNNPACK: F.silu on fp16 decomposes to an fp32 one between casts
-        act = gate * torch.sigmoid(gate) if _Xnnpack.on else F.silu(gate)
+        act = silu(gate)
         return x + self.down_proj(act * self.up_proj(h)), k, v
 
 
@@ -183,36 +166,6 @@ def _interleave(keys, vals):
 
 
 # ------------------------------------------------------------------------------------------ talker
-
-class _XnnpackForms(nn.Module):
-    """`inner` traced with its decoder in XNNPACK forms (`_Xnnpack`; same values), so the whole graph
-    is one XNNPACK delegate. In their plain forms each RMS mean, K/V repeat, unsqueeze and fp16 SiLU
-    is an op XNNPACK does not take: the 0.6B talker decode graph lowered in 226 XNNPACK partitions,
-    and ExecuTorch's lowering is quadratic in them (each partition re-legalises the whole graph):
-    its fp16 .pte took 250-380 s to lower, and ~100 s as one partition."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-        widths = sorted({m.weight.shape[0] for m in inner.modules() if isinstance(m, RMSNorm)})
-        # the mean's row, whole and in the slices of an fp16 trace's short sums (a slice of a constant
-        # is a computed weight, which XNNPACK's linear does not take)
-        self.rows = sorted({(n, n) for n in widths} | {(n, b - a) for n in widths if n > SUM_TERMS
-                                                       for a, b in spans(n)})
-        for n, w in self.rows:
-            self.register_buffer(f"mean_row{n}" if w == n else f"mean_row{n}_{w}", torch.full((1, w), 1.0 / n))
-
-    def forward(self, *args):
-        _Xnnpack.on = True
-        _Xnnpack.rows = {(n, w): getattr(self, f"mean_row{n}" if w == n else f"mean_row{n}_{w}") for n, w in self.rows}
-        try:
-            return self.run(*args)
-        finally:
-            _Xnnpack.on, _Xnnpack.rows = False, {}
-
-    def run(self, *args):
-        return self.inner(*args)
-
 
 class TextProjection(nn.Module):
     """talker.text_projection: fc1 -> SiLU -> fc2 (both with bias), text width -> talker width."""
