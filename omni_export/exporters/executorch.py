@@ -146,9 +146,11 @@ class _Int8Weight(nn.Module):
             else:
                 k, d = m.kernel_size[0], m.dilation[0]
                 t = x.shape[-1] - (k - 1) * d
-                taps = [x[:, :, j * d: j * d + t] for j in range(k)]
+                # one tap (a 1x1 conv) reads x as it is: a whole-length slice is an alias_copy and a
+                # cat of one tensor a copy, neither an op XNNPACK takes (each split the program)
+                taps = [x] if k == 1 else [x[:, :, j * d: j * d + t] for j in range(k)]
                 if self.form == "taps":
-                    y = torch.bmm(w.reshape(1, *w.shape), torch.cat(taps, dim=1))
+                    y = torch.bmm(w.reshape(1, *w.shape), taps[0] if k == 1 else torch.cat(taps, dim=1))
                 else:
                     y = taps[0] * w[0:1]
                     for j in range(1, k):
@@ -171,7 +173,8 @@ class _Int8Weight(nn.Module):
             part = z[p:p + 1].reshape(s, cout, t).permute(1, 2, 0).reshape(1, cout, t * s)
             part = F.pad(part, (p * s, (phases - 1 - p) * s))
             y = part if y is None else y + part
-        return y[..., : (t - 1) * s + k]
+        n = (t - 1) * s + k
+        return y if y.shape[-1] == n else y[..., :n]        # a whole-length slice: an alias_copy, not an XNNPACK op
 
     def _plain_weight(self, w):
         """The dequantized weight in the layer's own layout (for the F.conv fallback)."""
