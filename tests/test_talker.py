@@ -159,6 +159,27 @@ def test_step_graphs_lower_to_one_xnnpack_delegate_in_fp16(tmp_path):
     assert delegates(step) > 1
 
 
+def test_text_projection_lowers_to_one_xnnpack_delegate_in_fp16(tmp_path):
+    """SiLU as x * sigmoid(x) in the text projection's .pte form: F.silu on fp16 is an fp32 SiLU between
+    two casts XNNPACK refuses (3 delegates for fc1 -> SiLU -> fc2)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from omni_export.exporters.executorch import fp16_program, release_lowering_caches
+
+    model = M.load(None, {o.name: o.default for o in get_recipe("qwen3-tts").options}, tmp_path)
+    g = model.graph("text_projection")
+    x = torch.randn(*g.inputs[0].shape)
+    with torch.no_grad():
+        assert snr(g.module(x).numpy(), g.module.executorch_variant()(x).numpy()) > 100
+    ep = torch.export.export(fp16_program(g.module.executorch_variant())[0], (x,))
+    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).exported_program()
+    n = sum(1 for node in lowered.graph.nodes if "executorch_call_delegate" in str(node.target))
+    del ep, lowered
+    release_lowering_caches()
+    assert n == 1
+
+
 def test_level_partitions_are_convex_and_few():
     """One pass: a node behind an unsupported op that reads a partition lands in a later
     partition; an unsupported op reading only inputs opens none."""

@@ -66,7 +66,8 @@ COMPONENTS = (
         name="text_projection", doc="text MLP (fc1 -> SiLU -> fc2) over P gathered text-embedding rows",
         inputs=(T("text_embeds", (1, "P", "Tw"), F32, "rows of talker.model.text_embedding (host gather)"),),
         outputs=(T("projected", (1, "P", "Ht"), F32),),
-        gates_db=_LM_GATES, requires=("talker",)),
+        gates_db=_LM_GATES, requires=("talker",),
+        version="2"),       # 2: the .pte's SiLU as x * sigmoid(x) (one XNNPACK delegate, was 3)
     _talker("talker_prefill", "P", "talker over P prompt tokens with a C-slot KV cache"),
     _talker("talker_decode", 1, "talker, one token per 80 ms frame, C-slot KV cache"),
     *(_talker(f"talker_prefill_part{i}", "P", f"talker_prefill, {_HALF[i]} (--talker-parts 2)", i) for i in (1, 2)),

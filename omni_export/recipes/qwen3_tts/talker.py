@@ -176,8 +176,13 @@ class TextProjection(nn.Module):
         self.linear_fc1 = _linear(tensors, p + "linear_fc1.weight", p + "linear_fc1.bias")
         self.linear_fc2 = _linear(tensors, p + "linear_fc2.weight", p + "linear_fc2.bias")
 
+    def executorch_variant(self) -> nn.Module:
+        """SiLU as x * sigmoid(x) (xnnpack.py): F.silu on fp16 is an fp32 island between two casts
+        XNNPACK does not take, 3 delegates for a two-layer graph."""
+        return _XnnpackForms(self).eval()
+
     def forward(self, text_embeds):
-        return self.linear_fc2(F.silu(self.linear_fc1(text_embeds)))
+        return self.linear_fc2(silu(self.linear_fc1(text_embeds)))
 
 
 class TalkerStep(nn.Module):
