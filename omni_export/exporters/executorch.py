@@ -279,8 +279,8 @@ def _fp16_safe(program):
 def _lower(program, path: Path) -> dict:
     """Write `program` as an XNNPACK .pte; returns how it was delegated, for the manifest: XNNPACK
     partitions (`xnnpack_delegates`; each op XNNPACK does not take between two others splits the
-    graph, costs a copy at every boundary and makes the lowering slower) and the ops left to
-    ExecuTorch's portable kernels (`portable_ops`)."""
+    graph, and the lowering re-legalises the graph per partition) and the ops left to ExecuTorch's
+    portable kernels (`portable_ops`)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
