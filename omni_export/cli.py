@@ -332,9 +332,10 @@ def _recipe_command(name: str) -> click.Command:
                      help="precision repair: when a quantized build (w8a16, w8a8, w4a16) is rejected, keep its "
                           "worst blocks (per-block attribution) in float, one more per step, until the graph "
                           "passes the same gate on the same runner (a real-size transformer: its linears per "
-                          "output channel first, then the layers an estimate says it needs at 16-bit weights); the result "
-                          "is a build of its own precision, "
-                          "e.g. w8a16-mixed, with the blocks kept and the share of weights still 8-bit; off: the "
+                          "output channel first, then the layers an estimate says it needs at 16-bit weights; w4a16: "
+                          "blocks raised to 8-bit weights, mixing 4- and 8-bit); the result is a build of its own "
+                          "precision, e.g. w8a16-mixed, with the blocks kept and the share of weights still at the base "
+                          "width; off: the "
                           "rejection stands [env OMNI_EXPORT_REPAIR]"),
         click.Option(["--repair-steps"], type=click.IntRange(0, 64), default=4, show_default=True, metavar="N",
                      help="precision repair's budget: at most N re-quantize, compile and score steps per rejected "

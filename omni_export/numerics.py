@@ -37,10 +37,13 @@ VERSIONS = {
     "parity": 2,      # scores and verdicts: parity/metrics.py, parity/gate.py, runtime/runners.py
                       # 2: summed embeddings gated against their codebook rows (RowSum); the reason gives
                       # raw agreement and excused rows; the fused frame scores 4 samples on the simulator
-    "repair": 3,      # precision repair's search (which blocks it keeps in float): jobs/repair.py
+    "repair": 4,      # precision repair's search (which blocks it keeps in float): jobs/repair.py
                       # 2: a real-size transformer's search: linears per channel, then layers at 16-bit
                       # weights as the estimate needs; steps score the rejected build's simulator samples
                       # 3: the weights of the nodes kept in float stored as fp16 (float_weights_as_fp16)
+                      # 4: over w4a16 a step raises blocks to 8-bit weights, not float; a weighted op of
+                      # the root module (a tied LM head) is a block (exporters/onnx.block_nodes); a step
+                      # that passes with no weight left at the base width is no repair
 }
 
 

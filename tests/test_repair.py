@@ -206,6 +206,22 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert search["result"]["integer_share"] == 1.0 and search["result"]["base_share"] == 0.75
     assert search["result"]["scheme"] == "linears per output channel"
 
+    # the same search whose step 2 passes only with every weight raised to 16 bits: no w8a16-mixed build
+    g4 = JobGraph()
+    wide = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g4)
+    wide.plan()
+    wide.info, wide.entries, wide.states, wide._heldout = cj.info, cj.entries, cj.states, cj._heldout
+    wide.slow, wide.per_sample = cj.slow, cj.per_sample
+    assert wide._maybe_repair()
+    g4.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
+    finish(g4.jobs["talker_prefill/repair/w8a16/1"], {"new_key_0": 33.0, "new_key_1": 27.0, "new_key_2": 27.0,
+                                                      "hidden": 27.0})
+    finish(g4.jobs["talker_prefill/repair/w8a16/2"], {}, {"16": 1.0})
+    w = wide.repair["w8a16"]
+    assert w["result"] is None and w["steps"][1]["verdict"] == "accepted" and w["steps"][1]["base_share"] == 0
+    assert w["stopped"] == ("step 2 passes only with every weight at 16 bits (layers.1): no weight left at 8 bits, "
+                            "not a w8a16 build")
+
     # the same search whose step 1 leaves a loss spread over the layers: no half of them can lift it
     g3 = JobGraph()
     spread = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g3)
@@ -331,10 +347,13 @@ def test_an_accumulated_loss_no_few_modules_can_lift_is_said_without_running_a_s
     assert order[0] == 3 and finding == {"futile": False}
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_wide_weights_quantize_the_named_layers_weights_at_16_bits_and_nothing_in_float(tmp_path, per_channel):
+@pytest.mark.parametrize("per_channel,precision,wide", [(False, Precision.W8A16, 16), (True, Precision.W8A16, 16),
+                                                         (True, Precision.W4A16, 8)])
+def test_wide_weights_quantize_the_named_layers_weights_wider_and_nothing_in_float(tmp_path, per_channel,
+                                                                                   precision, wide):
     """Precision repair's integer raise: layers.1's linear keeps every node quantized, its weight at
-    int16 (per output channel when the linears are lowered as Conv), the other layers' at 8 bits."""
+    int16 over w8a16 (int8 over w4a16: `w4a16-mixed` mixes 4- and 8-bit weights), per output channel when
+    the linears are lowered as Conv; the other layers' at the base width."""
     import numpy as np
     import onnx
 
@@ -343,8 +362,8 @@ def test_wide_weights_quantize_the_named_layers_weights_at_16_bits_and_nothing_i
     src = _Layers.export(tmp_path / "net.onnx")
     nodes = ox.scope_nodes(src)["layers.1"]
     calib = [{"x": np.random.default_rng(i).standard_normal((1, 4, 8)).astype(np.float32)} for i in range(4)]
-    q = ox.quantize_qdq(src, tmp_path / "q.onnx", calib, Precision.W8A16, per_channel_linears=per_channel,
-                        wide_weights=nodes)
+    q = ox.quantize_qdq(src, tmp_path / "q.onnx", calib, precision, per_channel_linears=per_channel,
+                        wide_weights=nodes, wide_bits=wide)
     model = onnx.load(str(q))
     inits = {i.name: i for i in model.graph.initializer}
     dq_of = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
@@ -355,10 +374,48 @@ def test_wide_weights_quantize_the_named_layers_weights_at_16_bits_and_nothing_i
             widths[n.name] = w.data_type
             if n.op_type == "Conv":
                 assert len(inits[dq_of[n.input[1]].input[1]].dims) == 1     # a scale per output channel
-    wide = [k for k, t in widths.items() if t == onnx.TensorProto.INT16]
-    assert len(widths) == 3 and len(wide) == 1 and any(wide[0].startswith(n) for n in nodes)
+    wide_type = {16: onnx.TensorProto.INT16, 8: onnx.TensorProto.INT8}[wide]
+    base_type = onnx.TensorProto.INT4 if precision == Precision.W4A16 else onnx.TensorProto.UINT8
+    raised = [k for k, t in widths.items() if t == wide_type]
+    assert len(widths) == 3 and len(raised) == 1 and any(raised[0].startswith(n) for n in nodes)
+    assert all(t == base_type for k, t in widths.items() if k not in raised)
     bits = ox.weight_bits(q)
-    assert set(bits) == {"8", "16"} and bits["16"] > 0
+    base = "4" if precision == Precision.W4A16 else "8"
+    assert set(bits) == {base, str(wide)} and bits[str(wide)] > 0
+    with pytest.raises(ValueError, match="8 or 16 bits"):
+        ox.wide_overrides(src, nodes, 4)
+
+
+def test_a_weighted_op_of_the_root_module_is_a_block_of_its_own(tmp_path):
+    """A tied LM head multiplies by the embedding's transpose in the model's own forward, outside every
+    child module (Spark's decode: `hidden @ lm_head.t()`): it is a block named by its op, so sensitivity
+    ranks it and a repair step can raise it; the root's glue (a reshape) is in no block."""
+    import torch
+    from torch import nn
+
+    from omni_export.exporters.onnx import block_nodes, export, scope_nodes
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Parameter(torch.randn(40, 8))
+            self.layer = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.layer(x).reshape(1, 4, 8)
+            return torch.matmul(h, self.emb.t())
+
+    program = torch.export.export(Tied().eval(), (torch.randn(1, 4, 8),))
+    src = export(program, tmp_path / "tied.onnx", ["x"], ["logits"])
+    top, nested = block_nodes(src), scope_nodes(src)
+    heads = [b for b in top if b != "layer"]
+    assert "layer" in top and len(heads) == 1 and heads[0].startswith("matmul"), top
+    assert len(top[heads[0]]) == 1 and nested[heads[0]] == top[heads[0]]
+    import onnx
+
+    ops = {n.name: n.op_type for n in onnx.load(str(src)).graph.node}
+    assert ops[top[heads[0]][0]] == "MatMul"
+    assert not any(ops[n] == "Reshape" for nodes in top.values() for n in nodes)
 
 
 def test_a_block_ranked_search_stops_when_its_gains_so_far_cannot_reach_the_gate_within_the_budget():

@@ -288,9 +288,10 @@ def test_default_geometry_w8a16_prefill_is_accepted_with_gptq_weights(tiny, tmp_
 
 def test_precision_repair_holds_a_step_to_the_top1_gate_too(tiny, tmp_path):
     """A repair step is judged by the whole gate of its base precision, top-1 included: w4a16 decode with
-    two layers kept in float clears the 15 dB floor but picks fp32's top-1 on fewer than 90 % of rows, so
+    two layers raised clears the 15 dB floor but picks fp32's top-1 on fewer than 90 % of rows, so
     the search goes on and no w4a16-mixed build is made (before, the search judged SNR alone and called
-    that step accepted while the builds it made were then rejected on top-1)."""
+    that step accepted while the builds it made were then rejected on top-1). Over w4a16 a step raises
+    its blocks to 8-bit weights, not float: every weight stays an integer, 4 or 8 bits."""
     out = tmp_path / "out"
     run_cli("spark", "--target", "s25-htp", "--checkpoint", str(tiny), "--out", str(out), "-p", "w4a16", "-f", "onnx",
             "--components", "decode", "--prefill-tokens", "16", "--context-length", "96", "--e2e-tokens", "0",
@@ -299,7 +300,11 @@ def test_precision_repair_holds_a_step_to_the_top1_gate_too(tiny, tmp_path):
     assert "repair" in m["components"]["decode"], m["components"]["decode"]
     search = m["components"]["decode"]["repair"]["w4a16"]
     steps = search["steps"]
-    assert [s["kept_float"] for s in steps] == [["layers.0"], ["layers.0", "layers.1"]]
+    assert search["raise"] == "int8"
+    assert [s["weights_8bit"] for s in steps] == [["layers.0"], ["layers.0", "layers.1"]]
+    assert all(s["kept_float"] == [] and s["integer_share"] == 1.0 and set(s["weight_bits"]) == {"4", "8"}
+               for s in steps), steps
+    assert 1.0 > steps[0]["base_share"] > steps[1]["base_share"] > 0
     cleared = [s for s in steps if s["snr_db"] >= 15]
     assert cleared, steps                     # the case this test is about: the SNR floor alone would pass
     for s in cleared:

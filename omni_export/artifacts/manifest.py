@@ -24,6 +24,18 @@ TOOL_PACKAGES = ("omni-export", "torch", "executorch", "torchao", "onnx", "onnxs
 _INCOMPLETE_TOKEN = re.compile(r"-?[0-9.eE+-]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?|N(aN?)?|-?I(n(f(i(n(i(ty?)?)?)?)?)?)?")
 
 
+# A precision repair step's (and result's) key listing the modules it raised, per raise (jobs/repair.RAISES).
+RAISED_KEY = {"float": "kept_float", "int16": "weights_16bit", "int8": "weights_8bit"}
+
+
+def raised_names(step: dict) -> tuple[list[str], str]:
+    """(the modules a recorded repair step or result raised, how: "at 16-bit weights", "kept in float")."""
+    for key, how in (("weights_16bit", "at 16-bit weights"), ("weights_8bit", "at 8-bit weights")):
+        if step.get(key):
+            return list(step[key]), how
+    return list(step.get("kept_float") or []), "kept in float"
+
+
 def package_version(name: str) -> str | None:
     try:
         return metadata.version(name)

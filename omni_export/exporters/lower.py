@@ -161,10 +161,11 @@ class Lowering:
         return path
 
     def quantize_mixed(self, precision: Precision, keep_float: list[str], tag: str,
-                       per_channel: bool | None = None, wide: list[str] = ()) -> Path:
+                       per_channel: bool | None = None, wide: list[str] = (), wide_bits: int = 16) -> Path:
         """Precision repair's QDQ graph: `precision`'s base quantization with the nodes `keep_float`
-        left in float (fp16 on the HTP), its linears per output channel when `per_channel` (lowered as
-        1x1 Conv; None: as the component says). Written as <mixed>.<tag>.qdq.onnx, one per search step."""
+        left in float (fp16 on the HTP) and the weights of the nodes `wide` at `wide_bits` integers,
+        its linears per output channel when `per_channel` (lowered as 1x1 Conv; None: as the component
+        says). Written as <mixed>.<tag>.qdq.onnx, one per search step."""
         from . import onnx as ox
 
         base = precision.base
@@ -179,7 +180,7 @@ class Lowering:
             with self._hold("quantize"):
                 path = isolated(big, ox.quantize_qdq, src, self.work / f"{precision.value}.{tag}.qdq.onnx",
                                 calibration, base, self.headroom.get(base), per_channel,
-                                self.weight_rounding, True, "block", tuple(keep_float), tuple(wide))
+                                self.weight_rounding, True, "block", tuple(keep_float), tuple(wide), wide_bits)
         finally:
             if mapped:
                 shutil.rmtree(calibration.root, ignore_errors=True)

@@ -642,7 +642,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
                  headroom: float | None = None, per_channel_linears: bool = False,
                  weight_rounding: str = "nearest", calibrate_once: bool = True,
                  int4_weights: str = "block", keep_float: Sequence[str] = (),
-                 wide_weights: Sequence[str] = ()) -> Path:
+                 wide_weights: Sequence[str] = (), wide_bits: int = 16) -> Path:
     """Static QDQ for the HTP: int8 weights (w8a16, w8a8; per channel for Conv, per tensor for MatMul,
     which ONNX Runtime's QNN config quantizes per tensor, unless `per_channel_linears` lowers the
     linears as 1x1 Conv first), or for w4a16 signed symmetric int4 weights for every MatMul / Conv /
@@ -653,8 +653,9 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     `weight_rounding` "gptq" then re-rounds the weights on the quantizer's grid (exporters/gptq.py).
     `keep_float` names nodes left unquantized (precision repair's blocks kept at higher precision: float
     in the QDQ graph, fp16 on the HTP; a linear lowered as Conv keeps its name + ".conv").
-    `wide_weights` names nodes whose MatMul / Conv weights are quantized to signed symmetric 16 bits
-    (per output channel for Conv) instead: precision repair's other raise, integer all the way. Large
+    `wide_weights` names nodes whose MatMul / Conv weights are quantized to signed symmetric `wide_bits`
+    (16, or 8 over w4a16's int4; per output channel for Conv) instead: precision repair's other raise,
+    integer all the way. Large
     tables go to 8 bits with a scale per row (tables_per_row) but those a Gather named in either list reads.
 
     The calibration inputs run through the fp32 model once: with headroom, every activation's range
@@ -688,7 +689,7 @@ def quantize_qdq(src: Path, dst: Path, calibration: Sequence[dict], precision: P
     # the path, not a loaded model: the config reads the graph only (weights may be external)
     int4 = int4_overrides(src, int4_weights) if precision == Precision.W4A16 else None
     if wide_weights:
-        int4 = {**(int4 or {}), **wide_overrides(src, wide_weights)}
+        int4 = {**(int4 or {}), **wide_overrides(src, wide_weights, wide_bits)}
     cfg = get_qnn_qdq_config(Path(src), _Reader(calibration), activation_type=act, weight_type=weight,
                              per_channel=True, init_overrides=int4)
     overrides = dict(cfg.extra_options.get("TensorQuantOverrides") or {})
@@ -785,11 +786,19 @@ def int4_overrides(src: Path, layout: str) -> dict:
     return out
 
 
-def wide_overrides(src: Path, nodes: Sequence[str]) -> dict:
+# The widths precision repair raises a module's weights to (quantize_qdq's `wide_bits`).
+WIDE_BITS = (8, 16)
+
+
+def wide_overrides(src: Path, nodes: Sequence[str], bits: int = 16) -> dict:
     """ONNX Runtime quantizer overrides that make the weights of `nodes` (by name; a linear lowered as
-    Conv by its name + ".conv") signed symmetric int16: per tensor for MatMul, per output channel for Conv."""
+    Conv by its name + ".conv") signed symmetric int16 (or int8, `bits`): per tensor for MatMul, per
+    output channel for Conv."""
     import onnx
     from onnxruntime.quantization import QuantType
+
+    if bits not in WIDE_BITS:
+        raise ValueError(f"wide weights are {' or '.join(map(str, WIDE_BITS))} bits; got {bits!r}")
 
     model = onnx.load(str(src), load_external_data=False)
     names = set(nodes) | {f"{n}.conv" for n in nodes}
@@ -798,7 +807,7 @@ def wide_overrides(src: Path, nodes: Sequence[str]) -> dict:
     for n in model.graph.node:
         if n.name in names and len(n.input) > 1 and n.input[1] in weights:
             op, axis = weights[n.input[1]]
-            o = {"quant_type": QuantType.QInt16, "symmetric": True}
+            o = {"quant_type": QuantType.QInt16 if bits == 16 else QuantType.QInt8, "symmetric": True}
             if op != "MatMul":
                 o["axis"] = axis
             out[n.input[1]] = [o]
@@ -883,17 +892,34 @@ def _scopes(node) -> list:
     return scopes if isinstance(scopes, list) and all(isinstance(x, str) for x in scopes) else []
 
 
+_WEIGHTED_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+
+
+def _root_weighted(node, inits: dict) -> str | None:
+    """The op's name (its scope list's last entry, `matmul_16`) when `node` belongs to the root module
+    itself and multiplies by a constant weight: a tied LM head (`hidden @ embedding.T` in the model's own
+    forward) is such an op. Glue between modules (reshapes, concats) is not."""
+    scopes = _scopes(node)
+    if len(scopes) != 2 or node.op_type not in _WEIGHTED_OPS or len(node.input) < 2:
+        return None
+    w = inits.get(node.input[1])
+    return scopes[1] if w is not None and len(w.dims) >= 2 else None
+
+
 def scope_nodes(src: Path) -> dict[str, list[str]]:
     """{module scope: node names} at every depth below the root: a node is listed under each module it
     sits in (`decoder`, `decoder.layers.24`, `decoder.layers.24.self_attn`, ...; the scope list's last
-    entry names the op, not a module). block_nodes' blocks are the first level of these."""
+    entry names the op, not a module), and a weighted op of the root module under its own name
+    (_root_weighted). block_nodes' blocks are the first level of these."""
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
     out: dict[str, list[str]] = {}
     for n in model.graph.node:
         if n.name:
-            for scope in _scopes(n)[1:-1]:
+            root = _root_weighted(n, inits)
+            for scope in [root] if root else _scopes(n)[1:-1]:
                 out.setdefault(scope, []).append(n.name)
     return out
 
@@ -929,15 +955,17 @@ def block_nodes(src: Path) -> dict[str, list[str]]:
     """{block: node names} of an exported graph, by the module each node came from: torch's exporter
     records each node's module scopes (`pkg.torch.onnx.name_scopes`, ['', 'blocks.3', ...]), and the
     first below the root names its block -- a BlockChain's `blocks.<i>` (blocks.py), a transformer's
-    `layers.<i>`, `norm`, `lm_head`, ... -- in the order the graph first reaches it. Nodes of the root
-    module itself (glue between blocks) are left out."""
+    `layers.<i>`, `norm`, `lm_head`, ... -- in the order the graph first reaches it. A weighted op of
+    the root module itself (a tied LM head's MatMul, _root_weighted) is a block of its own, named by its
+    op (`matmul_16`); the root's other nodes (glue between blocks) are left out."""
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
     out: dict[str, list[str]] = {}
     for n in model.graph.node:
         scopes = _scopes(n)
-        top = scopes[1] if len(scopes) > 2 else ""
+        top = _root_weighted(n, inits) or (scopes[1] if len(scopes) > 2 else "")
         if top and n.name:
             out.setdefault(top, []).append(n.name)
     return out

@@ -17,11 +17,13 @@ import shutil
 import time
 from pathlib import Path
 
+from ..artifacts.manifest import RAISED_KEY
 from ..artifacts.store import STAGING
 from ..core import BuildSpec, Format, Precision, UsageError
 from ..faults import crash_point
 from .errors import UpstreamFailed, short
 from .graph import Job, JobGraph
+from .repair import RAISES
 
 MIN_CALIBRATION = 4
 ATTRIBUTION_SAMPLES = 1   # held-out samples per block: a diagnostic, one is enough
@@ -649,7 +651,7 @@ class ComponentJobs:
                                                     for r in rows]} if ranked_by == "outputs" else {}),
                                     "order": [rows[i]["block"] for i in order], "budget": opts.repair_steps,
                                     **({"per_channel": True} if per_channel else {}),
-                                    "raise": "int16" if ranked_by == "outputs" else "float",
+                                    "raise": rp.raise_for(p.base, ranked_by),
                                     "steps": [], "result": None, "_order": [rows[i]["index"] for i in order]}
             if first is not None:
                 self.repair[p.value]["_next"] = ([rows[i]["index"] for i in first], [rows[i]["block"] for i in first])
@@ -659,7 +661,8 @@ class ComponentJobs:
             if finding and finding.get("futile") and not per_channel:
                 # each step is a quantization, a compile and simulator runs of a 0.6B graph: minutes
                 # spent to confirm what the scores already say
-                self.repair[p.value]["stopped"] = _futile(finding, self.thresholds[p], "no step run")
+                self.repair[p.value]["stopped"] = _futile(finding, self.thresholds[p], "no step run",
+                                                          how=_raised_how(self.repair[p.value]))
                 continue
             self._add_repair_step(p)
             started = True
@@ -742,7 +745,7 @@ class ComponentJobs:
             blocks, names = search["_order"][:k], [search["order"][i] for i in range(k)]
         search.setdefault("_kept", {})[k] = (blocks, names)
         per_channel = bool(search.get("per_channel"))
-        wide = search.get("raise") == "int16"
+        width = RAISES[search.get("raise", "float")]
         # the samples the rejected build was judged on (on the simulator: those its ONNX scored worst)
         indices = self._slow_indices(p)[0] if search["runner"] == "qnn-htp" else None
         search["_indices"] = indices
@@ -754,7 +757,7 @@ class ComponentJobs:
         after = (before,) if before in self.graph.jobs and self.graph.jobs[before].state == "done" else ()
         self._sized(self._add(Job(jid, "repair", (export,) + after,
                       label=f"{self.name}: repair {p.value}, step {k}: "
-                            + (f"{', '.join(names)} at 16-bit weights" if names and wide else
+                            + (f"{', '.join(names)} at {width}-bit weights" if names and width else
                                f"keep {', '.join(names)} in float" if names else "")
                             + (" (linears per channel)" if per_channel and names else
                                "linears per output channel" if per_channel else ""),
@@ -770,8 +773,8 @@ class ComponentJobs:
 
         search = self.repair[p.value]
         kept_idx, names = search.get("_kept", {}).get(k) or (search["_order"][:k], search["order"][:k])
-        wide = search.get("raise") == "int16"
-        row = {"step": k, **({"weights_16bit": names, "kept_float": []} if wide else {"kept_float": names}),
+        how = search.get("raise", "float")
+        row = {"step": k, **rp.raised(how, names),
                "seconds": round((job.ended or 0) - (job.started or 0), 3),
                **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
         if job.error is not None:
@@ -795,14 +798,21 @@ class ComponentJobs:
         search["steps"].append(row)
         share = row["integer_share"]
         self._line(job, _headline(verdict, self.component.gated_outputs) + _shares(row, p.base), failed=not verdict.accepted)
+        # an integer raise of every weight: that is a wider precision's weights, not a build of this one
+        narrowed = RAISES[how] is not None and row["base_share"] == 0
+        base_bits = 4 if p.base == Precision.W4A16 else 8
         if verdict.accepted and share == 0:
             # every weight back in float: a variant of nothing quantized is the fp16 build again, not a repair
             row["note"] = "passes with no weight quantized"
             search["stopped"] = (f"step {k} passes only with every weight back in float ({', '.join(names)}): "
                                  f"not a quantized build")
+        elif verdict.accepted and narrowed:
+            row["note"] = f"passes with no weight left at {base_bits} bits"
+            search["stopped"] = (f"step {k} passes only with every weight at {RAISES[how]} bits ({', '.join(names)}): "
+                                 f"no weight left at {base_bits} bits, not a {p.base.value} build")
         elif verdict.accepted:
             search["result"] = {"precision": p.repaired().value, "step": k,
-                                **({"weights_16bit": names, "kept_float": []} if wide else {"kept_float": names}),
+                                **rp.raised(how, names),
                                 "integer_share": share, "base_share": row["base_share"], "snr_db": row["snr_db"],
                                 **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
             self.states[job.id] = result        # its QDQ graph: the source kept for AI Hub (_keep_for_hub)
@@ -819,7 +829,7 @@ class ComponentJobs:
                 search.setdefault("estimates", []).append({"after_step": k, **finding})
                 if finding.get("futile"):
                     search["stopped"] = _futile(finding, self.thresholds[p], f"stopped after step {k}",
-                                                f"step {k}'s per-output scores")
+                                                f"step {k}'s per-output scores", _raised_how(search))
                 else:
                     search["_next"] = (list(kept_idx) + [rows[i]["index"] for i in sel],
                                        list(names) + [rows[i]["block"] for i in sel])
@@ -973,8 +983,8 @@ class ComponentJobs:
         search = self.repair.get(spec.precision.base.value) if spec.precision.mixed else None
         if search and search.get("result"):
             e["repair"] = {"from": spec.precision.base.value, "kept_float": search["result"]["kept_float"],
-                           **({"weights_16bit": search["result"]["weights_16bit"]}
-                              if search["result"].get("weights_16bit") else {}),
+                           **{k: search["result"][k] for k in RAISED_KEY.values()
+                              if k != "kept_float" and search["result"].get(k)},
                            "integer_share": search["result"].get("integer_share"),
                            "base_share": search["result"].get("base_share"),
                            **({"scheme": search["result"]["scheme"]} if search["result"].get("scheme") else {})}
@@ -1085,6 +1095,12 @@ def _block_projection(steps: list[dict], last: int, gate_db: float) -> str | Non
         return None
     return (f"stopped after step {len(scored)}: at the {gain:.1f} dB a step has gained so far, the {left} "
             f"step(s) left (--repair-steps) would reach about {reach:.1f} dB, under the {gate_db:.0f} dB gate")
+
+
+def _raised_how(search: dict) -> str:
+    """How a search raises a module, in words ("at 16-bit weights", "in float")."""
+    width = RAISES[search.get("raise", "float")]
+    return f"at {width}-bit weights" if width else "in float"
 
 
 def _futile(finding: dict, gate_db: float, what: str, source: str = "the rejected build's per-output scores",

@@ -18,11 +18,34 @@ precision's integer width, and the result.
 """
 from __future__ import annotations
 
+from ..artifacts.manifest import RAISED_KEY
 from ..core import Format, Precision
 
 DEFAULT_STEPS = 4
 MODES = ("auto", "off")
 ONNX_FAMILY = (Format.ONNX, Format.DLC, Format.CTX)
+# What a step raises a kept module to, and that width: "float" leaves its nodes out of quantization
+# (fp16 on the HTP); "int16" / "int8" quantize its weights at that width, every node still quantized.
+RAISES = {"float": None, "int16": 16, "int8": 8}
+
+
+def raise_for(base: Precision, ranked_by: str) -> str:
+    """What a search raises its modules to: over w4a16's int4 weights, 8-bit weights (`w4a16-mixed` mixes
+    4- and 8-bit blocks and stays integer all the way); an output-ranked search (a transformer at real
+    size) 16-bit weights (a float island runs in fp16 on the HTP without the fp16 graph's safe forms);
+    otherwise the block in float."""
+    if base == Precision.W4A16:
+        return "int8"
+    return "int16" if ranked_by == "outputs" else "float"
+
+
+def raised(raise_to: str, names: list[str]) -> dict:
+    """A step's or result's record of the modules it raised: {kept_float: names} for a float raise, else
+    {weights_<n>bit: names, kept_float: []}."""
+    key = RAISED_KEY[raise_to]
+    return {key: list(names)} if key == "kept_float" else {key: list(names), "kept_float": []}
+
+
 
 
 def block_order(rows: list[dict]) -> list[int]:

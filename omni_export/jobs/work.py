@@ -208,25 +208,28 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
     transformer's `decoder.layers.24`) kept in float, run on `runner` ("qnn-htp": the HTP
     simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`); with
     `per_channel`, its linears quantized per output channel (as 1x1 Conv) where the component's are per
-    tensor. Returns the
+    tensor. `raise_to` "float" keeps the blocks' nodes in float; "int16" / "int8" quantize their weights
+    at that width instead, every node still quantized (jobs/repair.RAISES). Returns the
     intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
     outputs, the share of weight bytes per width and the nodes kept."""
     from ..core import Precision
     from ..exporters.onnx import float_island, scope_nodes, weight_bits
     from ..runtime.runners import run_all
+    from .repair import RAISES
 
     lowering, _ = _adopted(ref, states)
     p = Precision(precision)
     src = lowering.onnx(Precision.FP32)
     nodes = scope_nodes(src)
     chosen = [n for b in blocks for n in nodes.get(b, [])]
-    if raise_to == "int16":         # the blocks' weights at 16 bits, every node still quantized
+    bits = RAISES[raise_to]
+    if bits:                        # the blocks' weights at `bits`, every node still quantized
         keep, wide = [], chosen
     else:           # the blocks' table lookups, left out of the float island, keep 16-bit tables
         keep = float_island(src, chosen)
         island = set(keep)
         wide = [n for n in chosen if n not in island]
-    path = lowering.quantize_mixed(p, keep, tag, True if per_channel else None, wide)
+    path = lowering.quantize_mixed(p, keep, tag, True if per_channel else None, wide, bits or 16)
     spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
     held = _mapped(ref, "heldout", spec.input_names)
     outputs = run_all(spec, list(held) if indices is None else [held[i] for i in indices])

@@ -14,7 +14,7 @@ from ..hub.rtf import lines as rtf_lines
 from . import audio, figures
 from .hub import device_rows, latency_lines
 from .view import (E2E_GATE_NOTE, BuildRow, agreement_note, build_rows, caveats, components_without_accepted,
-                   fmt_db, human_bytes, short_sha, weakest_blocks)
+                   fmt_db, human_bytes, raised_text, short_sha, weakest_blocks)
 
 
 def render(root: Path, m: dict, regated: dict | None = None) -> str:
@@ -41,7 +41,8 @@ def _environment():
     env = Environment(loader=PackageLoader("omni_export.reports", "templates"),
                       autoescape=select_autoescape(["html", "j2"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha, units=split, agreement=agreement_note)
+    env.filters.update(db=fmt_db, size=human_bytes, sha=short_sha, units=split, agreement=agreement_note,
+                       raised=raised_text)
     return env
 
 

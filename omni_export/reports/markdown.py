@@ -14,7 +14,7 @@ import unicodedata
 
 from . import hub
 from .view import (E2E_GATE_NOTE, BuildRow, build_rows, caveats, components_without_accepted, fmt_db,
-                   human_bytes, short_sha, weakest_blocks)
+                   human_bytes, raised_text, short_sha, weakest_blocks)
 
 VERDICT = {"accepted": "✅ accepted", "rejected": "❌ rejected"}
 
@@ -200,10 +200,7 @@ def _repair(m: dict) -> list[str]:
 
 def _kept(step: dict) -> str:
     """What a repair step (or its result) changed: the modules kept in float, and its weight scheme."""
-    if step.get("weights_16bit"):
-        kept = f"{md(', '.join(step['weights_16bit']))} at 16-bit weights"
-    else:
-        kept = f"{md(', '.join(step['kept_float']))} kept in float" if step.get("kept_float") else "nothing raised"
+    kept = raised_text(step, md)
     return kept + (f"; {md(step['scheme'])}" if step.get("scheme") else "")
 
 

@@ -203,3 +203,12 @@ def caveats(m: dict, rows: list[BuildRow]) -> list[str]:
             out.append(f"Nothing of {', '.join(unchecked)} ran on the HTP (simulator or device): "
                        f"{'its' if len(unchecked) == 1 else 'their'} verdicts come from CPU runtimes only. {fix}")
     return out
+
+
+def raised_text(step: dict, escape=str) -> str:
+    """What a precision repair step (or its result) raised, in words: "layers.0 at 8-bit weights",
+    "blocks.3, blocks.6 kept in float", or "nothing raised"; `escape` applies to the module names."""
+    from ..artifacts.manifest import raised_names
+
+    names, how = raised_names(step)
+    return f"{escape(', '.join(names))} {how}" if names else "nothing raised"
