@@ -86,6 +86,7 @@ class Build:
         self.memory_gate: dict | None = None
         self.e2e, self._traces_left = None, 0
         self.eta = self.assumed = self.seeds = self.signature = self.shipped = None    # set by the run
+        self.reran = 0
 
     # ---- what jobs ask of the run
     def model(self):

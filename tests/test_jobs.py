@@ -270,6 +270,53 @@ def test_local_workers_are_long_lived_and_fresh_jobs_get_a_process_each():
     assert all(r.cpu_s is not None and r.cpu_s >= 0 for r in shared + fresh)
 
 
+def die_until(marker: str, deaths: int) -> int:
+    """A job that records each attempt and kills its own process on the first `deaths` attempts (as the
+    HTP simulator once took a repair step's process down), then answers its attempt number."""
+    import os
+    import signal
+    from pathlib import Path
+
+    path = Path(marker)
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    n = len(path.read_text().split())
+    if n <= deaths:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+
+
+def test_a_job_whose_local_worker_dies_runs_again_in_a_new_process_and_then_fails_in_one_line(tmp_path):
+    """The local executor treats a dead worker as Ray does: the job runs again in a new process (once),
+    the slot gets a new worker for the jobs after it; a job whose worker dies every time fails with that
+    said, and the build goes on (before, the job failed as BrokenProcessPool and a long-lived slot
+    stayed broken)."""
+    import os
+
+    from omni_export.jobs.errors import WorkerDied, short
+    from omni_export.jobs.local import RETRIES, LocalExecutor
+
+    ex = LocalExecutor(workers=1)
+    g = JobGraph()
+    # a fresh job's own process (a heavy graph's step), then the slot's long-lived worker
+    g.add(Job("victim", "x", fresh=True, bind=lambda jobs: (die_until, (str(tmp_path / "once"), 1))))
+    g.add(Job("doomed", "x", ("victim",),
+              bind=lambda jobs: (die_until, (str(tmp_path / "always"), RETRIES + 1))))
+    g.add(Job("after", "x", ("doomed",), after_all=True, bind=lambda jobs: (os.getpid, ())))
+    try:
+        Scheduler(g, ex).run()
+    finally:
+        ex.close()
+    assert g.jobs["victim"].state == "done" and g.jobs["victim"].result == 2       # the second attempt's answer
+    assert len(set((tmp_path / "once").read_text().split())) == 2                   # two processes
+    doomed = g.jobs["doomed"]
+    assert doomed.state == "failed" and isinstance(doomed.error, WorkerDied)
+    assert len((tmp_path / "always").read_text().split()) == RETRIES + 1
+    assert short(doomed.error).startswith("WorkerDied: its worker process died 2 times")
+    assert g.jobs["after"].state == "done" and g.jobs["after"].result != os.getpid()
+    assert ex.reran == 2
+
+
 def test_two_big_fresh_jobs_at_once_retire_the_idle_long_lived_workers():
     """A fresh job reserving >= 1 GiB that starts beside another retires the long-lived workers idling
     meanwhile (the 0.6B peak held two of them beside two DLC compiles); the next ordinary job spawns a

@@ -19,3 +19,8 @@ def short(e: BaseException) -> str:
 
 class UpstreamFailed(Exception):
     """A job could not start: a job whose output it needs failed (its message is that failure)."""
+
+
+class WorkerDied(RuntimeError):
+    """A job's worker process ended without an answer (killed, or crashed in native code), on every
+    attempt the executor gives it."""

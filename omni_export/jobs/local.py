@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 
+from .errors import WorkerDied
 from .scheduler import JobResult
 
 
@@ -28,6 +29,10 @@ WORKER_BYTES = 3 << 29     # what one long-lived worker may come to hold (torch,
 # was two DLC compiles (1.93 GiB each) beside the build process and both slots' idle workers (0.45 +
 # 0.31 GiB of torch, ExecuTorch and a graph kept for the next job): 5.68 GiB, over the 6 GB goal.
 RETIRE_BESIDE_BYTES = 1 << 30
+# A job whose worker process died (killed, or crashed in native code: the HTP simulator took down a
+# 0.6B Code2Wav-n2 repair step's process once, 758afc4, and the search stopped there) runs this many
+# more times, each in a new process, as Ray reruns a task whose worker died (ray_executor.RETRIES).
+RETRIES = 1
 
 
 def default_workers() -> int:
@@ -106,6 +111,8 @@ class LocalExecutor:
         self._reserved = [0] * self.slots            # the memory estimate of each slot's fresh job, else 0
         self._fresh: set[cf.ProcessPoolExecutor] = set()
         self.retired = 0                             # idle workers retired beside two big fresh jobs
+        self.reran = 0                               # jobs run again after their worker died
+        self._closing = False
 
     def describe(self) -> dict:
         return {"executor": self.name, "workers": self.slots, "threads_per_worker": self.threads}
@@ -126,19 +133,52 @@ class LocalExecutor:
         if big >= RETIRE_BESIDE_BYTES and any(r >= RETIRE_BESIDE_BYTES and f is not None and not f.done()
                                               for r, f in zip(self._reserved, self._running)):
             self._retire_idle(i)
-        pool = self._pool(i, job.fresh, f"{job.kind} job process" if job.fresh else "job worker")
-        fut = self._running[i] = pool.submit(call, fn, args)
+        fut = self._running[i] = cf.Future()
         self._reserved[i] = big
+        self._attempt(i, job, fn, args, fut, RETRIES)
+        return fut
+
+    def _attempt(self, i: int, job, fn, args, fut: cf.Future, left: int) -> None:
+        """Run the job in slot i's worker (a new process for a fresh job); its answer goes to `fut`. A
+        worker that dies under it is replaced, and the job runs again while `left` allows."""
+        role = f"{job.kind} job process" if job.fresh else "job worker"
+        pool = self._pool(i, job.fresh, role)
+        try:
+            inner = pool.submit(call, fn, args)
+        except (cf.process.BrokenProcessPool, RuntimeError):   # its worker died after its last job
+            self._pools[i] = None
+            pool = self._pool(i, job.fresh, role)
+            inner = pool.submit(call, fn, args)
         if job.fresh:
             self._fresh.add(pool)
 
-            def close(_f, pool=pool):
+        def ended(f: cf.Future) -> None:
+            if job.fresh:
                 # its one job is done: the process exits (max_tasks_per_child=1 would have the pool's
                 # manager thread start a replacement, racing this shutdown)
                 self._fresh.discard(pool)
                 pool.shutdown(wait=False)
-            fut.add_done_callback(close)
-        return fut
+            if f.cancelled():
+                fut.cancel()
+                return
+            err = f.exception()
+            if isinstance(err, cf.process.BrokenProcessPool):
+                if self._pools[i] is pool:              # the slot's long-lived worker is gone
+                    self._pools[i] = None
+                    pool.shutdown(wait=False)
+                if left > 0 and not self._closing:
+                    self.reran += 1
+                    self._attempt(i, job, fn, args, fut, left - 1)
+                    return
+                err = WorkerDied(f"its worker process died {RETRIES + 1} times (killed, or crashed in native "
+                                 f"code); it ran in a new process each time")
+            if fut.cancelled():
+                return
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(f.result())
+        inner.add_done_callback(ended)
 
     def _retire_idle(self, slot: int) -> None:
         """Shut down the long-lived workers that have no job now: `slot`'s (its slot is taken by a
@@ -151,6 +191,7 @@ class LocalExecutor:
                 self.retired += 1
 
     def close(self, abort: bool = False) -> None:
+        self._closing = True
         pools = [p for p in self._pools if p is not None] + list(self._fresh)
         for pool in pools:
             if abort:

@@ -161,6 +161,7 @@ def finish(build, the_plan: Plan, order: list[str], graph, seeds: dict, started:
     m["jobs"] = {"executor": opts.executor, "workers": opts.jobs,
                  **({"shared_dir": opts.shared_dir} if opts.shared_dir else {}),
                  **({"files": build.shipped} if getattr(build, "shipped", None) is not None else {}),
+                 **({"reran": build.reran} if getattr(build, "reran", 0) else {}),
                         **({"memory_gate": build.memory_gate} if build.memory_gate else {}),
                         # jobs answered from the job store (a killed run's finished jobs, jobs/results.py)
                         "cached": sum(j.cached for j in graph.jobs.values()),

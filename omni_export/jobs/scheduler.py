@@ -245,6 +245,7 @@ def schedule(build, the_plan, graph: JobGraph) -> None:
         build.paced.status = lambda: "... stopping the worker processes"
         executor.close()
         build.paced.status = None
+        build.reran = getattr(executor, "reran", 0)     # jobs run again after their worker process died
     build.eta.finish()
     eta.learn(build, graph)           # before the reports: a failure there keeps the job seconds
     build.memory_gate = gate.report()
