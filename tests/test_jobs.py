@@ -312,7 +312,8 @@ def test_a_job_whose_local_worker_dies_runs_again_in_a_new_process_and_then_fail
     doomed = g.jobs["doomed"]
     assert doomed.state == "failed" and isinstance(doomed.error, WorkerDied)
     assert len((tmp_path / "always").read_text().split()) == RETRIES + 1
-    assert short(doomed.error).startswith("WorkerDied: its worker process died 2 times")
+    assert short(doomed.error).startswith("WorkerDied: its worker process died 2 times (signal 9 (SIGKILL), "
+                                          "signal 9 (SIGKILL))"), short(doomed.error)
     assert g.jobs["after"].state == "done" and g.jobs["after"].result != os.getpid()
     assert ex.reran == 2
 

@@ -216,3 +216,16 @@ def test_a_finalize_failure_names_the_graphs_largest_activation_as_its_likely_no
                       "activation (73.2 MiB); a shorter time axis (a smaller streaming chunk) or a split graph may fit")
     d = named(e, BLOCKS)
     assert d["likely_block"] == "rvq" and "block" not in d
+
+
+def test_a_simulator_run_that_died_at_the_fast_preparation_says_what_ran_such_a_graph():
+    """A build whose simulator process died (a native crash, jobs/errors.WorkerDied) at --htp-optimization 1
+    says that QNN's default preparation ran such a graph (the 0.6B code2wav_n2 mixed graph segfaulted at 1,
+    ran at 2); at 2 or on ORT CPU there is no such hint."""
+    from omni_export.exporters.qnn_diagnose import CRASH_HINT, run_failure
+
+    died = "WorkerDied: its worker process died 2 times (signal 11 (SIGSEGV), signal 11 (SIGSEGV))"
+    assert run_failure(died, "qnn-htp", "1").endswith(f"{died} ({CRASH_HINT})")
+    assert CRASH_HINT not in run_failure(died, "qnn-htp", "2")
+    assert CRASH_HINT not in run_failure(died, "ort-cpu", "1")
+    assert CRASH_HINT not in run_failure("RuntimeError: no such graph", "qnn-htp", "1")

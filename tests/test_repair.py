@@ -222,6 +222,24 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert w["stopped"] == ("step 2 passes only with every weight at 16 bits (layers.1): no weight left at 8 bits, "
                             "not a w8a16 build")
 
+    # a step whose simulator process died every time (a native crash): the search stops and says what
+    # ran such a graph (QNN's fast graph preparation, --htp-optimization 1, is the default)
+    from omni_export.exporters.qnn_diagnose import CRASH_HINT
+    from omni_export.jobs.errors import WorkerDied
+
+    g5 = JobGraph()
+    crash = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g5)
+    crash.plan()
+    crash.info, crash.entries, crash.states, crash._heldout = cj.info, cj.entries, cj.states, cj._heldout
+    crash.slow, crash.per_sample = cj.slow, cj.per_sample
+    assert crash._maybe_repair() and str(crash.run.opts.htp_finalize) == "1"
+    dead = g5.jobs["talker_prefill/repair/w8a16/1"]
+    dead.state, dead.started, dead.ended, dead.error = "failed", 1.0, 2.0, WorkerDied("its worker process died 2 times")
+    dead.done(dead)
+    c = crash.repair["w8a16"]
+    assert c["result"] is None and c["steps"][0]["error"] == f"WorkerDied: its worker process died 2 times ({CRASH_HINT})"
+    assert c["stopped"] == f"step 1 failed: {c['steps'][0]['error']}"
+
     # the same search whose step 1 leaves a loss spread over the layers: no half of them can lift it
     g3 = JobGraph()
     spread = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g3)

@@ -303,13 +303,22 @@ def precision_notes(entries: list[dict]) -> None:
         e["error"] = e["parity"]["reason"]
 
 
-def run_failure(error: str, runner_kind: str) -> str:
+# A simulator run whose process died (jobs/errors.WorkerDied), at QNN's fast graph preparation: the
+# 0.6B code2wav_n2 w8a16 graph with pre_transformer and upsample.1 in float segfaulted in its 25th
+# Snake's quantized Sin with htp_graph_finalization_optimization_mode 1, every time, and ran at 2.
+CRASH_HINT = ("the HTP simulator crashed in native code; QNN's fast graph preparation (--htp-optimization 1) "
+              "crashed it on a graph QNN's default preparation (--htp-optimization 2) runs")
+
+
+def run_failure(error: str, runner_kind: str, finalize: str | None = None) -> str:
     """The reason of a build that compiled and failed to run. On the HTP simulator the failing op is
     not in the error; attribution then runs every block alone on the simulator and names the one
-    that fails (_link_attribution appends it)."""
+    that fails (_link_attribution appends it). A run whose process died at finalization mode 1
+    (`finalize`) says what ran such a graph (CRASH_HINT)."""
     if runner_kind != "qnn-htp":
         return f"runner failed: {error}"
-    return f"runner failed: the HTP simulator could not run the compiled graph [{RUN}]: {error}"
+    hint = f" ({CRASH_HINT})" if error.startswith("WorkerDied") and str(finalize) == "1" else ""
+    return f"runner failed: the HTP simulator could not run the compiled graph [{RUN}]: {error}{hint}"
 
 
 def _child() -> int:

@@ -21,7 +21,7 @@ from ..artifacts.manifest import RAISED_KEY
 from ..artifacts.store import STAGING
 from ..core import BuildSpec, Format, Precision, UsageError
 from ..faults import crash_point
-from .errors import UpstreamFailed, short
+from .errors import UpstreamFailed, WorkerDied, short
 from .graph import Job, JobGraph
 from .repair import RAISES
 
@@ -444,7 +444,7 @@ class ComponentJobs:
         if job.error is not None:
             from ..exporters.qnn_diagnose import run_failure
 
-            error = run_failure(short(job.error), runner.kind)
+            error = run_failure(short(job.error), runner.kind, self.run.opts.htp_finalize)
             self.run.store.commit(built.files, accepted=False)
             self.entries[i] = _failed(entry, threshold, error, t_lower, runner=runner.to_json())
             self._line(job, error, failed=True)
@@ -778,9 +778,13 @@ class ComponentJobs:
                "seconds": round((job.ended or 0) - (job.started or 0), 3),
                **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
         if job.error is not None:
-            row.update({"snr_db": None, "error": short(job.error)})
+            from ..exporters.qnn_diagnose import CRASH_HINT
+
+            died = isinstance(job.error, WorkerDied) and search["runner"] == "qnn-htp" \
+                and str(self.run.opts.htp_finalize) == "1"
+            row.update({"snr_db": None, "error": short(job.error) + (f" ({CRASH_HINT})" if died else "")})
             search["steps"].append(row)
-            search["stopped"] = f"step {k} failed: {short(job.error)}"
+            search["stopped"] = f"step {k} failed: {row['error']}"
             self._line(job, row["error"], failed=True)
             self._close(job)
             return

@@ -112,6 +112,7 @@ class LocalExecutor:
         self._fresh: set[cf.ProcessPoolExecutor] = set()
         self.retired = 0                             # idle workers retired beside two big fresh jobs
         self.reran = 0                               # jobs run again after their worker died
+        self._died: dict[int, list[str]] = {}       # per job future: how each attempt's process ended
         self._closing = False
 
     def describe(self) -> dict:
@@ -151,6 +152,7 @@ class LocalExecutor:
             inner = pool.submit(call, fn, args)
         if job.fresh:
             self._fresh.add(pool)
+        procs = list((getattr(pool, "_processes", None) or {}).values())    # its exit code: no public way
 
         def ended(f: cf.Future) -> None:
             if job.fresh:
@@ -166,12 +168,15 @@ class LocalExecutor:
                 if self._pools[i] is pool:              # the slot's long-lived worker is gone
                     self._pools[i] = None
                     pool.shutdown(wait=False)
+                died = self._died.setdefault(id(fut), [])
+                died.append(_exit_status(procs))
                 if left > 0 and not self._closing:
                     self.reran += 1
                     self._attempt(i, job, fn, args, fut, left - 1)
                     return
-                err = WorkerDied(f"its worker process died {RETRIES + 1} times (killed, or crashed in native "
-                                 f"code); it ran in a new process each time")
+                self._died.pop(id(fut), None)
+                err = WorkerDied(f"its worker process died {len(died)} times ({', '.join(died)}), a new process "
+                                 f"each time: killed, or crashed in native code")
             if fut.cancelled():
                 return
             if err is not None:
@@ -200,6 +205,24 @@ class LocalExecutor:
             pool.shutdown(wait=not abort, cancel_futures=True)
         self._pools = [None] * self.slots
         self._fresh = set()
+
+
+def _exit_status(procs) -> str:
+    """How a dead worker ended, from its process's exit code: "signal 11 (SIGSEGV)", "exit code 1"."""
+    import signal
+
+    for p in procs:
+        p.join(timeout=5)
+        code = p.exitcode
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                return f"signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit code {code}"
+    return "exit status unknown"
 
 
 def slot_cores(slots: int) -> list[tuple[int, ...]]:
