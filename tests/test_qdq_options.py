@@ -148,6 +148,26 @@ def test_calibrating_once_gives_the_same_qdq_model(mlp, tmp_path, precision, mon
     assert {i.name: numpy_helper.to_array(i).tobytes() for i in onnx.load(str(alone)).graph.initializer} != models[True][0]
 
 
+def test_one_graph_on_one_calibration_set_is_run_for_its_ranges_once_per_process(mlp, tmp_path, monkeypatch):
+    """Precision repair quantizes one fp32 graph on one calibration set per sensitivity block and step:
+    the ranges pass runs once (the same QDQ model again, keep_float and all); a graph whose bytes differ,
+    or another calibration set, runs it again."""
+    src, calib, _ = mlp
+    runs = []
+    collect = ox._collect_ranges
+    monkeypatch.setattr(ox, "_collect_ranges", lambda *a: runs.append(a[0]) or collect(*a))
+    monkeypatch.setattr(ox, "_RANGES", [])
+    first = ox.quantize_qdq(src, tmp_path / "a" / "q.onnx", calib, Precision.W8A16)
+    again = ox.quantize_qdq(src, tmp_path / "b" / "q.onnx", calib, Precision.W8A16)
+    assert len(runs) == 1 and first.read_bytes() == again.read_bytes()
+    ox.quantize_qdq(src, tmp_path / "c" / "q.onnx", calib, Precision.W8A16, keep_float=("node_x",))
+    assert len(runs) == 1
+    ox.quantize_qdq(src, tmp_path / "d" / "q.onnx", list(calib), Precision.W8A16)       # another set (a copy)
+    other = _mlp(tmp_path / "other.onnx", np.random.default_rng(1))
+    ox.quantize_qdq(other, tmp_path / "e" / "q.onnx", calib, Precision.W8A16)
+    assert len(runs) == 3
+
+
 def _attention_scores(path):
     """q [1, 2, 16, 32], k [1, 2, 112, 32] -> q @ k^T: attention's activation x activation MatMul."""
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
