@@ -29,9 +29,10 @@ WORKER_BYTES = 3 << 29     # what one long-lived worker may come to hold (torch,
 # was two DLC compiles (1.93 GiB each) beside the build process and both slots' idle workers (0.45 +
 # 0.31 GiB of torch, ExecuTorch and a graph kept for the next job): 5.68 GiB, over the 6 GB goal.
 RETIRE_BESIDE_BYTES = 1 << 30
-# A job whose worker process died (killed, or crashed in native code: the HTP simulator took down a
-# 0.6B Code2Wav-n2 repair step's process once, 758afc4, and the search stopped there) runs this many
-# more times, each in a new process, as Ray reruns a task whose worker died (ray_executor.RETRIES).
+# A job whose worker process died (killed, or crashed in native code) runs this many more times, each in
+# a new process, as Ray reruns a task whose worker died (ray_executor.RETRIES). A kill (the OOM killer, a
+# user) passes on a rerun; a native crash may not: the 0.6B code2wav_n2 repair step that lost its process
+# at 758afc4 and b9db020 segfaults every time in QNN's fast graph preparation (qnn_diagnose.CRASH_HINT).
 RETRIES = 1
 
 
@@ -161,6 +162,7 @@ class LocalExecutor:
                 self._fresh.discard(pool)
                 pool.shutdown(wait=False)
             if f.cancelled():
+                self._died.pop(id(fut), None)
                 fut.cancel()
                 return
             err = f.exception()
@@ -174,9 +176,9 @@ class LocalExecutor:
                     self.reran += 1
                     self._attempt(i, job, fn, args, fut, left - 1)
                     return
-                self._died.pop(id(fut), None)
                 err = WorkerDied(f"its worker process died {len(died)} times ({', '.join(died)}), a new process "
                                  f"each time: killed, or crashed in native code")
+            self._died.pop(id(fut), None)
             if fut.cancelled():
                 return
             if err is not None:
