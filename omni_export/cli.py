@@ -316,7 +316,8 @@ def _recipe_command(name: str) -> click.Command:
                      default=qnn_ep.DEFAULT_FINALIZE, show_default=True,
                      help="QNN HTP graph finalization for context binaries and simulator runs: 1 prepares "
                           "fastest, 2 (QNN's default) and 3 search longer for a faster on-device graph. "
-                          "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level"),
+                          "Use 2 or 3 for the context binaries you ship; DLCs are the same at every level. A "
+                          "repair step whose simulator crashes at 1 runs again at 2, as do its later steps"),
         click.Option(["--max-memory"], type=FINITE_GB, default=None, metavar="GB",
                      help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
                           "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "

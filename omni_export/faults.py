@@ -2,6 +2,11 @@
 path contains <text> returns NaN in its floating outputs (a build broken at run time, e.g. an
 fp16 overflow), for the tests of what a rejected NaN build leaves in OUT.
 
+`OMNI_EXPORT_HTP_CRASH=<text>`: a QNN HTP session on a model whose path contains <text>, made with
+QNN's fast graph preparation (htp_graph_finalization_optimization_mode 1), kills its process with
+SIGSEGV as QNN 2.51 did on one 0.6B Code2Wav graph (exporters/qnn_diagnose.CRASH_HINT); at another mode
+it opens as usual.
+
 Crash points for the kill tests: `OMNI_EXPORT_CRASH_AT=<point>[@n]` ends the process with
 os._exit(137) -- no cleanup, no atexit, like a SIGKILL -- the n-th time (default: first) a run
 reaches <point>. Unset (the normal case) it does nothing. Points, in run order:
@@ -26,6 +31,7 @@ import threading
 
 ENV = "OMNI_EXPORT_CRASH_AT"
 NAN_ENV = "OMNI_EXPORT_NAN_OUTPUTS"
+HTP_CRASH_ENV = "OMNI_EXPORT_HTP_CRASH"
 POINTS = ("begin", "loaded", "traced", "lowered", "commit-before-rename", "commit-after-rename", "component-done",
           "pruned", "documents", "manifest")
 _reached: dict[str, int] = {}
@@ -47,6 +53,13 @@ def poisoned(artifact: str) -> bool:
     """Whether a runner of this artifact returns NaN outputs (OMNI_EXPORT_NAN_OUTPUTS; unset: never)."""
     spec = os.environ.get(NAN_ENV)
     return bool(spec) and spec in str(artifact)
+
+
+def htp_crash(model, options: dict) -> None:
+    """Die as QNN's fast graph preparation did, for a session this test hook names (unset: never)."""
+    spec = os.environ.get(HTP_CRASH_ENV)
+    if spec and spec in str(model) and options.get("htp_graph_finalization_optimization_mode") == "1":
+        os.kill(os.getpid(), signal.SIGSEGV)
 
 
 # ----------------------------------------------------------------------------- Ctrl-C / SIGTERM latch

@@ -497,4 +497,5 @@ def test_a_pte_lowering_frees_the_fp32_weights_only_in_a_process_of_its_own(tmp_
         job = cj.graph.jobs[cj._id("lower", "pte", b.precision.value)]
         cj._sized(job)
         fn, args = cj._bind_lower(cj.graph.jobs, i, job.deps[0])
-        assert fn is work.lower and args[-1] is (weight_bytes >= HEAVY) and job.fresh is (weight_bytes >= HEAVY)
+        assert fn is work.lower and args[4] is (weight_bytes >= HEAVY) and job.fresh is (weight_bytes >= HEAVY)
+        assert args[5] is None                 # compiled at the run's --htp-optimization

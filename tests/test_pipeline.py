@@ -261,11 +261,11 @@ def _verdicts(out):
 GATED = 20.0       # the w8a16 gate of the breakage runs
 
 
-def _gated_run(tmp, ckpt, *extra):
+def _gated_run(tmp, ckpt, *extra, env=None):
     out = tmp / "out"
     proc = run_cli("qwen3-tts", "--target", "s25-htp", "--checkpoint", str(ckpt), "--out", str(out),
                    "--precision", "w8a16", "--formats", "onnx,ctx", "--gate", f"w8a16={GATED:g}",
-                   "--no-attribution", *FAST, *extra)
+                   "--no-attribution", *FAST, *extra, env=env)
     return proc, _verdicts(out)
 
 
@@ -311,12 +311,26 @@ def test_precision_repair_keeps_the_broken_block_in_float_and_the_result_passes(
     the blocks by whole-graph sensitivity (pre_conv, then rvq: the block-alone attribution would have
     put rvq last, its loss being tiny until pre_conv amplifies it), keeps exactly those two in float,
     and the w8a16-mixed builds pass the gate the w8a16 ones failed, on the same runners, most weight
-    bytes still quantized. The rejected w8a16 builds stay as they were (`--repair off`: the test below)."""
+    bytes still quantized. The rejected w8a16 builds stay as they were (`--repair off`: the test below).
+
+    Here the HTP simulator also crashes (faults.HTP_CRASH_ENV: SIGSEGV) on every w8a16-mixed graph QNN's
+    fast graph preparation (--htp-optimization 1) compiles, as QNN 2.51 did on a 0.6B Code2Wav repair
+    step: step 1 runs again at --htp-optimization 2, and so do step 2 and the repaired builds."""
+    from omni_export.faults import HTP_CRASH_ENV
+
     broken = outlier_input_channel(clean, tmp_path / "outlier")
-    proc, v = _gated_run(tmp_path, broken, "--repair", "auto")
+    # worker processes (the suite's default --jobs 1 runs jobs in the build process, which a crash ends)
+    proc, v = _gated_run(tmp_path, broken, "--repair", "auto", env={HTP_CRASH_ENV: "w8a16-mixed.", "OMNI_EXPORT_JOBS": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_manifest(tmp_path / "out")
     search = m["components"]["code2wav"]["repair"]["w8a16"]
+    assert search["htp_optimization_why"].startswith("step 1 crashed the HTP simulator at --htp-optimization 1 (WorkerDied")
+    assert [s.get("htp_optimization") for s in search["steps"]] == ["2", "2"] and m["jobs"]["reran"] >= 1
+    assert "the step runs again at --htp-optimization 2" in proc.stderr
+    assert v[("ctx", "w8a16-mixed")]["details"]["htp_graph_finalization"] == "2"
+    assert v[("ctx", "w8a16")]["details"]["htp_graph_finalization"] == "1"
+    assert "its steps compiled at --htp-optimization 2: step 1 crashed the HTP simulator" in \
+        (tmp_path / "out" / "report.md").read_text()
     assert search["order"][:2] == ["pre_conv", "rvq"] and search["runner"] == "qnn-htp"
     assert search["ranked_by"] == "sensitivity"
     assert search["result"]["kept_float"] == ["pre_conv", "rvq"] and search["result"]["precision"] == "w8a16-mixed"

@@ -172,7 +172,8 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert step.label == "talker_prefill: repair w8a16, step 1: linears per output channel" and search["per_channel"]
     g.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
     args = step.bind(g.jobs)[1]
-    assert args[3] == [] and args[-2] is True             # no module raised, linears per channel
+    assert args[3] == [] and args[7] is True              # no module raised, linears per channel
+    assert args[-1] is None                               # compiled at the run's --htp-optimization
     assert args[6] == [1, 3] and search["_indices"] == [1, 3]
     assert step.memory > 0                                # a heavy graph's step holds its estimate on the memory gate
     assert "attribute" not in " ".join(g.jobs)            # no per-block attribution was asked for
@@ -197,7 +198,7 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     finish(step, {"new_key_0": 33.0, "new_key_1": 27.0, "new_key_2": 27.0, "hidden": 27.0})
     assert search["steps"][0]["kept_float"] == [] and search["steps"][0]["scheme"] == "linears per output channel"
     step2 = g.jobs["talker_prefill/repair/w8a16/2"]
-    assert step2.bind(g.jobs)[1][3] == ["layers.1"] and step2.bind(g.jobs)[1][-2:] == (True, "int16")
+    assert step2.bind(g.jobs)[1][3] == ["layers.1"] and step2.bind(g.jobs)[1][7:9] == (True, "int16")
     assert "step 2: layers.1 at 16-bit weights (linears per channel)" in step2.label
     assert search["estimates"][0]["after_step"] == 1 and not search["estimates"][0]["futile"]
     # step 2 passes: the result says what it kept and its scheme
@@ -222,23 +223,41 @@ def test_a_heavy_graph_without_a_block_chain_is_repaired_by_its_rejected_outputs
     assert w["stopped"] == ("step 2 passes only with every weight at 16 bits (layers.1): no weight left at 8 bits, "
                             "not a w8a16 build")
 
-    # a step whose simulator process died every time (a native crash): the search stops and says what
-    # ran such a graph (QNN's fast graph preparation, --htp-optimization 1, is the default)
-    from omni_export.exporters.qnn_diagnose import CRASH_HINT
+    # a step whose simulator process died every time (a native crash) at QNN's fast graph preparation
+    # (--htp-optimization 1, the default): the same step runs again at QNN's default preparation (2), and
+    # so does every later step; a death there too stops the search
+    from omni_export.exporters.qnn_diagnose import FALLBACK_FINALIZE
     from omni_export.jobs.errors import WorkerDied
 
-    g5 = JobGraph()
-    crash = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g5)
-    crash.plan()
-    crash.info, crash.entries, crash.states, crash._heldout = cj.info, cj.entries, cj.states, cj._heldout
-    crash.slow, crash.per_sample = cj.slow, cj.per_sample
-    assert crash._maybe_repair() and str(crash.run.opts.htp_finalize) == "1"
-    dead = g5.jobs["talker_prefill/repair/w8a16/1"]
-    dead.state, dead.started, dead.ended, dead.error = "failed", 1.0, 2.0, WorkerDied("its worker process died 2 times")
-    dead.done(dead)
-    c = crash.repair["w8a16"]
-    assert c["result"] is None and c["steps"][0]["error"] == f"WorkerDied: its worker process died 2 times ({CRASH_HINT})"
-    assert c["stopped"] == f"step 1 failed: {c['steps'][0]['error']}"
+    def crashed_search():
+        g5 = JobGraph()
+        crash = ComponentJobs(stub_run(tmp_path), "talker_prefill", specs, g5)
+        crash.plan()
+        crash.info, crash.entries, crash.states, crash._heldout = cj.info, cj.entries, cj.states, cj._heldout
+        crash.slow, crash.per_sample = cj.slow, cj.per_sample
+        assert crash._maybe_repair() and str(crash.run.opts.htp_finalize) == "1"
+        g5.jobs["talker_prefill/export"].result = {"onnx": {"fp32": str(src)}}
+        dead = g5.jobs["talker_prefill/repair/w8a16/1"]
+        dead.state, dead.started, dead.ended, dead.error = "failed", 1.0, 2.0, WorkerDied("its worker process died 2 times")
+        dead.done(dead)
+        c = crash.repair["w8a16"]
+        again = g5.jobs["talker_prefill/repair/w8a16/1/htp-optimization-2"]
+        assert FALLBACK_FINALIZE == "2" and again.label.endswith("(--htp-optimization 2)")
+        assert again.bind(g5.jobs)[1][3] == [] and again.bind(g5.jobs)[1][-1] == "2"
+        assert c["steps"] == [] and "stopped" not in c and c["htp_optimization_why"].startswith("step 1 crashed")
+        return g5, crash, c, again
+
+    g5, crash, c, again = crashed_search()
+    again.state, again.started, again.ended, again.error = "failed", 3.0, 4.0, WorkerDied("its worker process died 2 times")
+    again.done(again)
+    assert c["result"] is None and c["steps"][0]["error"] == "WorkerDied: its worker process died 2 times"
+    assert c["steps"][0]["htp_optimization"] == "2" and c["stopped"] == f"step 1 failed: {c['steps'][0]['error']}"
+    # the step at mode 2 runs: its row says the mode, and the next step compiles at it too
+    g6, crash, c, again = crashed_search()
+    finish(again, {"new_key_0": 33.0, "new_key_1": 27.0, "new_key_2": 27.0, "hidden": 27.0})
+    assert c["steps"][0]["htp_optimization"] == "2" and c["steps"][0]["verdict"] == "rejected"
+    nxt = g6.jobs["talker_prefill/repair/w8a16/2/htp-optimization-2"]
+    assert nxt.bind(g6.jobs)[1][3] == ["layers.1"] and nxt.bind(g6.jobs)[1][-1] == "2"
 
     # the same search whose step 1 leaves a loss spread over the layers: no half of them can lift it
     g3 = JobGraph()

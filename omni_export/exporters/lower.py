@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import faults
 from ..core import BuildSpec, Format, Precision, Target
 from ..parity.metrics import score_outputs
 from ..runtime.runners import RunnerSpec
@@ -269,6 +270,7 @@ class Lowering:
             from .. import qnn_ep
 
             src, opts = self.qnn_source(p)
+            faults.htp_crash(src, opts)
             with self._hold("qnn-compile"), self._diagnosed(src, opts):
                 ctx, binary = isolated(_big(src), qnn_ep.compile_context, src, out, opts)
             d = self._details(p, qnn=True)

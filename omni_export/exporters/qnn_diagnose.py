@@ -308,6 +308,8 @@ def precision_notes(entries: list[dict]) -> None:
 # Snake's quantized Sin with htp_graph_finalization_optimization_mode 1, every time, and ran at 2.
 CRASH_HINT = ("the HTP simulator crashed in native code; QNN's fast graph preparation (--htp-optimization 1) "
               "crashed it on a graph QNN's default preparation (--htp-optimization 2) runs")
+# The mode a repair step runs at once its process died at mode 1 (jobs/component._repair_stepped).
+FALLBACK_FINALIZE = "2"
 
 
 def run_failure(error: str, runner_kind: str, finalize: str | None = None) -> str:

@@ -63,6 +63,7 @@ class ComponentJobs:
         self.row_tables: dict = {}                        # output -> its tables (Component.row_sums; driver only)
         self.repair: dict[str, dict] = {}                 # precision -> precision repair's search (jobs/repair.py)
         self.sensitivity: dict[str, list] = {}            # precision -> per-block sensitivity rows (repair's ranking)
+        self._finalize_at: dict[int, str] = {}            # build index -> HTP finalization mode, when not the run's
         self._base: str | None = None                     # the root of its jobs' content keys (_key)
 
     # ------------------------------------------------------------------------------------ plan
@@ -352,7 +353,7 @@ class ComponentJobs:
         staging = self.run.store.staging(spec.filename)
         # a job in a process of its own may free the fp32 weights once it holds its converted copy
         consume = jobs[self._id("lower", spec.format.value, spec.precision.value)].fresh
-        return work.lower, (self.ref, states, spec, str(staging), consume)
+        return work.lower, (self.ref, states, spec, str(staging), consume, self._finalize_at.get(i))
 
     def _lowered_done(self, job: Job, i: int) -> None:
         spec = self.builds[i]
@@ -739,7 +740,9 @@ class ComponentJobs:
 
         search = self.repair[p.value]
         k = len(search["steps"]) + 1
-        if "_next" in search:           # the modules the estimate chose (output-ranked searches)
+        if k in search.get("_kept", {}):        # the step again, at another HTP finalization mode
+            blocks, names = search["_kept"][k]
+        elif "_next" in search:         # the modules the estimate chose (output-ranked searches)
             blocks, names = (list(x) for x in search.pop("_next"))
         else:                           # one more block per step, in the ranking's order
             blocks, names = search["_order"][:k], [search["order"][i] for i in range(k)]
@@ -750,7 +753,8 @@ class ComponentJobs:
         indices = self._slow_indices(p)[0] if search["runner"] == "qnn-htp" else None
         search["_indices"] = indices
         export = self._id("export")
-        jid = self._id("repair", p.value, k)
+        finalize = search.get("htp_optimization")         # set once a step crashed QNN at --htp-optimization 1
+        jid = self._id("repair", p.value, k, *((f"htp-optimization-{finalize}",) if finalize else ()))
         # after the step before it, or the ranking it follows (recorded, as _judged_by)
         before = self._id("repair", p.value, k - 1) if k > 1 else \
             self._id("attribute" if search["ranked_by"] == "attribution" else "sensitivity", p.value)
@@ -760,11 +764,12 @@ class ComponentJobs:
                             + (f"{', '.join(names)} at {width}-bit weights" if names and width else
                                f"keep {', '.join(names)} in float" if names else "")
                             + (" (linears per channel)" if per_channel and names else
-                               "linears per output channel" if per_channel else ""),
+                               "linears per output channel" if per_channel else "")
+                            + (f" (--htp-optimization {finalize})" if finalize else ""),
                       bind=lambda jobs, k=k: (work.repair_step, (self.ref, self._deps_states(jobs, export),
                                                                  p.repaired().value, blocks, f"s{k}",
                                                                  search["runner"], indices, per_channel,
-                                                                 search.get("raise", "float"))),
+                                                                 search.get("raise", "float"), finalize)),
                       done=lambda job, p=p, k=k: self._repair_stepped(job, p, k),
                       fresh=self.info.get("weight_bytes", 0) >= HEAVY_BYTES)))      # held on the memory gate
 
@@ -776,13 +781,24 @@ class ComponentJobs:
         how = search.get("raise", "float")
         row = {"step": k, **rp.raised(how, names),
                "seconds": round((job.ended or 0) - (job.started or 0), 3),
-               **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
+               **({"scheme": PER_CHANNEL} if search.get("per_channel") else {}),
+               **({"htp_optimization": search["htp_optimization"]} if search.get("htp_optimization") else {})}
         if job.error is not None:
-            from ..exporters.qnn_diagnose import CRASH_HINT
+            from ..exporters.qnn_diagnose import CRASH_HINT, FALLBACK_FINALIZE
 
             died = isinstance(job.error, WorkerDied) and search["runner"] == "qnn-htp" \
-                and str(self.run.opts.htp_finalize) == "1"
-            row.update({"snr_db": None, "error": short(job.error) + (f" ({CRASH_HINT})" if died else "")})
+                and str(search.get("htp_optimization") or self.run.opts.htp_finalize) == "1"
+            if died:
+                # QNN's fast graph preparation crashed the simulator (qnn_diagnose.CRASH_HINT): the same
+                # step, and every later one, compiles at QNN's default preparation instead
+                search["htp_optimization"] = FALLBACK_FINALIZE
+                search["htp_optimization_why"] = f"step {k} crashed the HTP simulator at --htp-optimization 1 ({short(job.error)})"
+                self._line(job, f"{short(job.error)}; the step runs again at --htp-optimization {FALLBACK_FINALIZE} "
+                                f"({CRASH_HINT})", failed=True)
+                self._add_repair_step(p)
+                self._close(job)
+                return
+            row.update({"snr_db": None, "error": short(job.error)})
             search["steps"].append(row)
             search["stopped"] = f"step {k} failed: {row['error']}"
             self._line(job, row["error"], failed=True)
@@ -818,7 +834,8 @@ class ComponentJobs:
             search["result"] = {"precision": p.repaired().value, "step": k,
                                 **rp.raised(how, names),
                                 "integer_share": share, "base_share": row["base_share"], "snr_db": row["snr_db"],
-                                **({"scheme": PER_CHANNEL} if search.get("per_channel") else {})}
+                                **({"scheme": PER_CHANNEL} if search.get("per_channel") else {}),
+                                **({"htp_optimization": search["htp_optimization"]} if search.get("htp_optimization") else {})}
             self.states[job.id] = result        # its QDQ graph: the source kept for AI Hub (_keep_for_hub)
             self._add_mixed_builds(p, job.id)
         elif search["ranked_by"] == "outputs" and k < search["budget"]:
@@ -861,6 +878,8 @@ class ComponentJobs:
             self.builds.append(spec)
             self.entries.append(None)
             specs.append((len(self.builds) - 1, spec))
+            if self.repair[p.value].get("htp_optimization"):      # compiled as the step that found it was
+                self._finalize_at[len(self.builds) - 1] = self.repair[p.value]["htp_optimization"]
         c = self.name
         for i, spec in specs:
             kind = {"ctx": "lower-ctx", "dlc": "lower-dlc"}.get(spec.format.value, "lower")

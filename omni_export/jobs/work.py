@@ -10,6 +10,7 @@ is handed its path (`Lowering.adopt`) and never makes it again.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -110,6 +111,19 @@ def _adopted(ref: GraphRef, states: list[dict], module: bool = False):
     return lowering, traced
 
 
+@contextlib.contextmanager
+def _finalized(lowering, finalize: str | None):
+    """The block's QNN compiles at HTP graph finalization mode `finalize` (None: the build's own); the
+    worker's cached lowering gets its mode back after."""
+    before = lowering.htp_finalize
+    if finalize is not None:
+        lowering.htp_finalize = finalize
+    try:
+        yield
+    finally:
+        lowering.htp_finalize = before
+
+
 # ---------------------------------------------------------------------------------- job functions
 
 def export_onnx(ref: GraphRef) -> dict:
@@ -141,15 +155,18 @@ def quantize(ref: GraphRef, states: list[dict], precision: str) -> dict:
     return lowering.state()
 
 
-def lower(ref: GraphRef, states: list[dict], spec, staging: str, consume: bool = False):
+def lower(ref: GraphRef, states: list[dict], spec, staging: str, consume: bool = False,
+          finalize: str | None = None):
     """One artifact: exporters.lower.Built (files in `staging`, how to run them, details). `consume`:
     this process ends with the job, so a .pte lowering may free the module's fp32 weights once it
-    holds its converted copy (the worker's cached module is unusable after)."""
+    holds its converted copy (the worker's cached module is unusable after). `finalize`: the HTP graph
+    finalization mode of its QNN compile, when not the build's (a repair step that crashed QNN's)."""
     from ..core import Format
 
     lowering, traced = _adopted(ref, states, module=spec.format == Format.PTE)
     try:
-        return lowering.build(spec, Path(staging), consume=consume)
+        with _finalized(lowering, finalize):
+            return lowering.build(spec, Path(staging), consume=consume)
     finally:
         if consume and spec.format == Format.PTE:
             _graphs.pop(ref, None)
@@ -202,14 +219,16 @@ def attribute(ref: GraphRef, states: list[dict], precision: str, on_cpu: bool, l
 
 
 def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[str], tag: str, runner: str,
-                indices: list[int] | None, per_channel: bool = False, raise_to: str = "float") -> dict:
+                indices: list[int] | None, per_channel: bool = False, raise_to: str = "float",
+                finalize: str | None = None) -> dict:
     """One step of precision repair (jobs/repair.py): the graph quantized at `precision`'s base with the
     nodes of `blocks` (module scopes, exporters.onnx.scope_nodes: a BlockChain's `blocks.3`, a
     transformer's `decoder.layers.24`) kept in float, run on `runner` ("qnn-htp": the HTP
     simulator, compiling it; "ort-cpu") over the held-out samples (all, or those `indices`); with
     `per_channel`, its linears quantized per output channel (as 1x1 Conv) where the component's are per
     tensor. `raise_to` "float" keeps the blocks' nodes in float; "int16" / "int8" quantize their weights
-    at that width instead, every node still quantized (jobs/repair.RAISES). Returns the
+    at that width instead, every node still quantized (jobs/repair.RAISES). `finalize`: the HTP graph
+    finalization mode of the simulator's compile, when not the build's. Returns the
     intermediate graphs' state (the mixed QDQ ONNX among them, for the builds made from it), the
     outputs, the share of weight bytes per width and the nodes kept."""
     from ..core import Precision
@@ -230,7 +249,8 @@ def repair_step(ref: GraphRef, states: list[dict], precision: str, blocks: list[
         island = set(keep)
         wide = [n for n in chosen if n not in island]
     path = lowering.quantize_mixed(p, keep, tag, True if per_channel else None, wide, bits or 16)
-    spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
+    with _finalized(lowering, finalize):
+        spec = lowering.primary_runner(p) if runner == "qnn-htp" else lowering.cpu_runner(p)
     held = _mapped(ref, "heldout", spec.input_names)
     outputs = run_all(spec, list(held) if indices is None else [held[i] for i in indices])
     return {**lowering.state(), "outputs": outputs, "weight_bits": weight_bits(path), "kept_nodes": len(keep),

@@ -194,6 +194,9 @@ def _repair(m: dict) -> list[str]:
                     head += " (sizes: " + "; ".join(parts) + ")"
             else:
                 head = f"{md(comp)} {md(pv)} rejected; repair found no passing variant: {md(search.get('stopped') or '')}"
+            if search.get("htp_optimization"):
+                head += (f"; its steps compiled at --htp-optimization {md(search['htp_optimization'])}: "
+                         f"{md(search.get('htp_optimization_why') or '')}")
             out += ["", f"Precision repair: {head}"] + (["", *_repair_table(search)] if search.get("steps") else [])
     return out
 

@@ -148,6 +148,7 @@ def open_runner(spec: RunnerSpec, threads: int | None = None, lean: bool = False
     if spec.kind == "qnn-htp":
         from .. import qnn_ep
 
+        faults.htp_crash(spec.model, spec.options)
         return OrtRunner(spec, qnn_ep.session(spec.model, spec.options))
     if spec.kind == "executorch":
         return ExecuTorchRunner(spec)
