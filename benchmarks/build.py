@@ -52,6 +52,9 @@ def summarize(manifest: dict) -> dict:
                        "run_wait_s_sum": round(sum(b["timings"].get("run_wait_s", 0) for b in mine), 3),
                        "artifact_bytes": sum(b["bytes"] for b in mine),
                        "builds": len(mine), "accepted": sum(b["status"] == "accepted" for b in mine)}
+        if info.get("repair"):          # precision repair's searches: each step's score, share and seconds
+            comps[name]["repair"] = {p: {k: v for k, v in s.items() if k not in ("sensitivity", "attribution")}
+                                     for p, s in info["repair"].items()}
     return {
         "timings": manifest.get("timings", {}),
         "components": comps,
