@@ -122,3 +122,19 @@ def test_shared_dir_must_be_an_existing_writable_directory_and_only_for_ray(tmp_
     assert local.stderr.strip().splitlines()[-1] == (
         f"omni-export: error: --shared-dir {tmp_path}: only --executor ray ships files between machines")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_task_whose_worker_died_on_every_ray_run_fails_as_worker_died():
+    """Ray's WorkerCrashedError (its worker died on each of its runs) reaches the build as the local
+    executor's WorkerDied, which the build answers the same on either executor (a repair step that
+    crashed the HTP simulator runs again at --htp-optimization 2: jobs/component.py)."""
+    from ray.exceptions import WorkerCrashedError
+
+    from omni_export.jobs.errors import WorkerDied
+    from omni_export.jobs.ray_executor import RETRIES, died
+
+    e = died(WorkerCrashedError())
+    assert isinstance(e, WorkerDied)
+    assert str(e).startswith(f"its worker process died {RETRIES + 1} times (Ray: The worker died unexpectedly")
+    other = ValueError("the job's own failure")
+    assert died(other) is other

@@ -26,6 +26,20 @@ RETRIES = 3
 _ready = False
 
 
+def died(error: BaseException) -> BaseException:
+    """A task whose worker process died on every one of Ray's runs (WorkerCrashedError) as the local
+    executor says it: WorkerDied, which the build answers the same way whichever executor ran the job
+    (a repair step that crashed the HTP simulator runs again at --htp-optimization 2)."""
+    from ray.exceptions import WorkerCrashedError
+
+    from .errors import WorkerDied
+
+    if isinstance(error, WorkerCrashedError):
+        return WorkerDied(f"its worker process died {RETRIES + 1} times (Ray: {str(error).splitlines()[0][:200]}), "
+                          f"a new process each time: killed, or crashed in native code")
+    return error
+
+
 def _task(fn, args, threads: int):
     """In a Ray worker: set the worker up once (quiet libraries, `threads` math threads), run the job."""
     global _ready
@@ -160,7 +174,7 @@ class RayExecutor:
                 result, files = f.result()
                 self._receive(files)
             except BaseException as e:         # the job's failure, or its files not landing
-                out.set_exception(e)
+                out.set_exception(died(e))
             else:
                 out.set_result(result)
 
