@@ -62,9 +62,14 @@ class MemoryGate:
     fit beside the build process, and run one after the other instead of being killed by the
     kernel. `budget` None: no gating.
 
-    alone: steps acquired with `alone=True` (the QNN compile and quantizer children, ~2-2.5x their
+    alone: steps acquired with `alone=True` (the QNN compile and quantizer children, ~1.2-2.5x their
     graph's fp32 weight bytes each) wait until nothing else is held, and nothing else starts while
-    one waits or runs: the tree then peaks at one such child beside the build process. At 0.6B the
+    one waits or runs: the tree then peaks at one such child beside the build process. The job
+    scheduler passes a `ceiling` (`alone_ceiling`: the largest alone reservation of the build): an
+    alone step then shares the machine with other heavy steps while all reservations held together
+    stay within it, since the tree must make room for that largest step anyway. At 0.6B (9bba532)
+    the talker's quantized compiles and repair steps (~2.5 GiB each against the fp16 compile's ~4 GiB)
+    ran 700 s with one core idle. At 0.6B the
     talker decode's compile child (3.69 GiB) overlapped a scoring worker (1.48 GiB) and the build
     process (2.12 GiB): 7.30 GiB, where one child beside the build process is ~5.3. It costs wall
     (the scoring queue pauses while a child runs); the build gives a --max-memory budget to let
@@ -85,12 +90,15 @@ class MemoryGate:
         self.peak_held = 0
         self.alone_steps = 0
 
-    def _must_wait(self, nbytes: int, alone: bool) -> bool:
+    def _must_wait(self, nbytes: int, alone: bool, ceiling: int | None = None) -> bool:
+        over = self.budget is not None and self._count > 0 and self._held + nbytes > self.budget
+        # beside an alone step: what is held stays within the build's largest alone reservation
+        beside = ceiling is not None and self._held + nbytes <= ceiling and not self._alone_waiting
         if alone:
-            return self._count > 0
+            return self._count > 0 and (not beside or over)
         if self._alone_held or self._alone_waiting:
-            return True
-        return self.budget is not None and self._count > 0 and self._held + nbytes > self.budget
+            return not beside or over
+        return over
 
     def acquire(self, nbytes: int, alone: bool = False) -> None:
         import time
@@ -134,14 +142,16 @@ class MemoryGate:
                 self._alone_held = False
             self._cond.notify_all()
 
-    def try_acquire(self, nbytes: int, alone: bool = False) -> bool:
+    def try_acquire(self, nbytes: int, alone: bool = False, ceiling: int | None = None) -> bool:
         """acquire() if the reservation fits now, without waiting; False (nothing held) otherwise.
-        The job scheduler's form: it tries again when a running job ends."""
+        The job scheduler's form: it tries again when a running job ends. `ceiling`: the largest
+        reservation among the build's alone steps (`alone_ceiling`); heavy steps then share the
+        machine with an alone one while every reservation held together stays within it."""
         alone = alone and self.alone
         if nbytes <= 0:
             return True
         with self._cond:
-            if self._must_wait(nbytes, alone):
+            if self._must_wait(nbytes, alone, ceiling if self.alone else None):
                 return False
             self._take(nbytes, alone)
             return True
@@ -178,7 +188,9 @@ NO_GATE = MemoryGate(None)
 # arena: an estimate. A lean session (heavy graphs) keeps them in the file's pages (0.08 GiB after a
 # 0.6B talker decode call on zeros, against 1.97 GiB); what remains is mostly the held-out inputs:
 # 1.48 GiB for the 0.6B talker decode's scoring worker (12 calls, each with its KV cache; 1.84 before).
-STEP_FACTORS = {"qnn-compile": 2.5, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
+#   QNN compile child from a QDQ (w8a16) ONNX: 2.03 GiB at 0.6B (1.2x); a repair step (quantize, compile
+#     and simulate in one process): 2.47-2.50 GiB (1.5x); a w8a16-mixed context binary 2.54 GiB (1.5x)
+STEP_FACTORS = {"qnn-compile": 2.5, "qnn-compile-qdq": 1.6, "qnn-dlc": 1.3, "quantize": 2.0, "qnn-htp": 2.2, "qnn-htp-ctx": 0.9, "ort-cpu": 1.5,
                 "ort-cpu-lean": 0.8, "pte-lower": 1.15, "executorch": 1.0}
 
 
@@ -206,6 +218,11 @@ def lane(kind: str, nbytes: int) -> str | None:
 def runs_alone(kind: str, nbytes: int) -> bool:
     """Whether a heavy step of this kind and reservation runs with nothing else heavy beside it."""
     return kind in ALONE_STEPS and nbytes >= ALONE_MIN_BYTES
+
+
+def alone_ceiling(reservations) -> int | None:
+    """The largest of the alone steps' reservations (MemoryGate.try_acquire's `ceiling`); None without one."""
+    return max(reservations, default=None)
 
 
 def step_bytes(kind: str, weight_bytes: int) -> int:

@@ -138,6 +138,32 @@ def test_memory_gate_runs_alone_steps_with_nothing_beside_them():
         assert shared.peak_held == 40 and shared.waits == 0
 
 
+def test_an_alone_step_shares_the_machine_within_the_largest_alone_reservation():
+    """The job scheduler's form (try_acquire, `ceiling` = the build's largest alone reservation, e.g.
+    the 0.6B talker's fp16 compile): beside a smaller alone step (a quantized compile, a repair step)
+    heavy steps start while everything held fits within the ceiling, and an alone step starts beside
+    a running one when both fit. Without a ceiling nothing starts beside it; with --max-memory (a gate
+    without `alone`) the budget alone decides."""
+    from omni_export.memory import MemoryGate, alone_ceiling
+
+    assert alone_ceiling([30, 50]) == 50 and alone_ceiling([]) is None
+    gate = MemoryGate(1000, alone=True)
+    assert gate.try_acquire(30, alone=True, ceiling=50)
+    assert not gate.try_acquire(5)                           # no ceiling: nothing beside an alone step
+    assert gate.try_acquire(15, ceiling=50)                  # 45 <= 50
+    assert not gate.try_acquire(10, ceiling=50)              # 55 > 50
+    assert not gate.try_acquire(50, alone=True, ceiling=50)  # the largest step waits for both
+    gate.release(30)
+    gate.release(15)
+    assert gate.try_acquire(50, alone=True, ceiling=50) and not gate.try_acquire(1, ceiling=50)
+    gate.release(50)
+    assert gate.try_acquire(20, ceiling=50) and gate.try_acquire(30, alone=True, ceiling=50)
+    assert gate.peak_held == 50 and gate.alone_steps == 3
+    shared = MemoryGate(40)                                  # --max-memory 40
+    assert shared.try_acquire(30, alone=True, ceiling=30) and shared.try_acquire(10, ceiling=30)
+    assert not shared.try_acquire(1, ceiling=1000)
+
+
 def test_run_options_memory_budget_is_what_is_free_or_under_max_memory():
     from omni_export.memory import available_bytes, build_budget, own_rss_anon
 

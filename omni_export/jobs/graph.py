@@ -201,9 +201,12 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
     """The wall time of a recorded job graph at `workers` worker slots (a projection): list scheduling
     over the recorded DAG and durations, longest remaining chain first, driver jobs one at a time in
     their own lane, heavy jobs under a memory `budget` (bytes; None: no limit) with the build's rule
-    that a job always starts when nothing else heavy is held, `alone` jobs with nothing heavy beside, and
-    one job per `lane` at a time. Jobs in `first` start before the others (the ones already running, for
+    that a job always starts when nothing else heavy is held, `alone` jobs with nothing heavy beside
+    unless all held reservations stay within the largest alone one (memory.alone_ceiling), and one
+    job per `lane` at a time. Jobs in `first` start before the others (the ones already running, for
     the build's ETA)."""
+    from ..memory import alone_ceiling
+
     jobs = {r["id"]: r for r in records if r.get("seconds") is not None}
     children: dict[str, list[str]] = {j: [] for j in jobs}
     for r in jobs.values():
@@ -214,6 +217,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
     waiting = {j: sum(d in jobs for d in jobs[j]["deps"]) for j in jobs}
     ready = [j for j, n in waiting.items() if n == 0]
     running: list[_Event] = []
+    ceiling = alone_ceiling((r.get("memory_bytes") or 0) for r in jobs.values() if r.get("alone"))
     held, heavy, alone_on, driver_busy, now, seq, free = 0, 0, False, False, 0.0, 0, workers
     lanes: set = set()
     done = 0
@@ -233,7 +237,7 @@ def project_wall(records: list[dict], workers: int, budget: int | None = None, f
                 if r.get("lane") and r["lane"] in lanes:
                     continue
                 if mem:
-                    if alone_on or (r.get("alone") and heavy):
+                    if (alone_on or (r.get("alone") and heavy)) and (ceiling is None or held + mem > ceiling):
                         continue
                     if budget is not None and heavy and held + mem > budget:
                         continue

@@ -8,7 +8,9 @@
   thread of the build process (they need the loaded model) beside them.
 - Memory: a job with a `memory` estimate holds it on a memory.MemoryGate while it runs (the gate's
   rules: a job always starts when nothing else is held, so a tight budget is slower, never stuck;
-  `alone` jobs run with nothing heavy beside them unless a --max-memory budget lets them overlap).
+  `alone` jobs run with nothing heavy beside them unless a --max-memory budget lets them overlap, or
+  all reservations held together stay within the largest alone reservation of the build, the step
+  the tree must make room for anyway: memory.alone_ceiling).
   The scheduler only starts a heavy job whose reservation fits now; it never blocks on the gate.
 - An `alone` job that waits for the heavy jobs running now has the next turn: another heavy job may
   start before it only if it is expected to end by the time those end (backfilling, by the cost
@@ -57,9 +59,12 @@ class Scheduler:
 
     # ---- what may start now
     def _fits(self, job: Job) -> bool:
+        from ..memory import alone_ceiling
+
         if job.memory <= 0:
             return True
-        return self.gate.try_acquire(job.memory, job.alone)
+        return self.gate.try_acquire(job.memory, job.alone, alone_ceiling(
+            j.memory for j in self.graph.jobs.values() if j.alone))
 
     def _worker_slots(self) -> int:
         return self.executor.slots - sum(1 for j in self._running.values() if j.where == "worker")
