@@ -150,6 +150,48 @@ def test_a_row_run_as_parts_of_the_prompts_merges_to_the_row_of_one_run(build):
     assert e2e.merge(parts) == whole
 
 
+def test_a_row_whose_fused_frame_was_rejected_runs_the_predictor_step_graphs_instead(build, monkeypatch):
+    """The fused frame graph has no accepted build at a row's precision (its codes flip where the step
+    graphs' pass: 0.6B random weights at w8a16), or was not built: the row is not skipped, its
+    free-running synthesis runs the predictor's prefill and decode step graphs (the same greedy codes)
+    and says so; the report names it. Without accepted step graphs it stays skipped, naming the frame."""
+    import copy
+    from pathlib import Path
+
+    from omni_export.core import RANDOM_WEIGHTS
+    from omni_export.progress import Progress
+    from omni_export.recipes import get_recipe, load_model
+    from omni_export.recipes.qwen3_tts import e2e
+    from omni_export.reports.markdown import _end_to_end
+    from omni_export.runtime.graphs import BuildGraphs
+
+    _, out = build
+    m = read_manifest(out)
+    model = load_model(get_recipe("qwen3-tts"), Path(m["checkpoint"]["path"]),
+                       {**m["options"]["recipe_options"], RANDOM_WEIGHTS: False}, out)
+    called, real = [], BuildGraphs.__call__
+    monkeypatch.setattr(BuildGraphs, "__call__", lambda self, name, inputs: (called.append(name), real(self, name, inputs))[1])
+    [whole] = e2e.run(model, out, m, {"ort": ("fp16",)}, Progress())
+    assert "predictor_frame" in called and "predictor" not in whole
+    rejected = copy.deepcopy(m)
+    for b in rejected["builds"]:
+        if b["component"] == "predictor_frame":
+            b["status"] = "rejected"
+    called.clear()
+    [row] = e2e.run(model, out, rejected, {"ort": ("fp16",)}, Progress())
+    assert row["verdict"] == "accepted" and row["predictor"] == {"graphs": "step", "why": "no accepted predictor_frame build"}
+    assert "predictor_frame" not in called and called.count("predictor_decode") > called.count("talker_decode") > 0
+    # greedy through the step graphs: the codes the fused frame's row decided, the same teacher-forced score
+    assert row["free_running_agreement"] == whole["free_running_agreement"] >= 0.99
+    assert row["code_agreement"] == whole["code_agreement"]
+    assert "predictor step graphs: no accepted predictor_frame build" in "\n".join(_end_to_end({"end_to_end": [row]}))
+    for b in rejected["builds"]:
+        if b["component"] == "predictor_decode":
+            b["status"] = "rejected"
+    [row] = e2e.run(model, out, rejected, {"ort": ("fp16",)}, Progress())
+    assert row["verdict"] == "skipped" and row["reason"] == "no accepted predictor_decode, predictor_frame build", row
+
+
 def test_calibration_comes_from_the_pipeline_itself(build):
     _, out = build
     comps = read_manifest(out)["components"]

@@ -165,6 +165,8 @@ def _end_to_end(m: dict) -> list[str]:
         flips = f" ({r['near_tie_flips']}/{r['flips']} flips near-tie)" if "flips" in r else ""
         repaired = r.get("repaired") if isinstance(r.get("repaired"), dict) else {}
         through = f" ({', '.join(f'{g} at {p}' for g, p in repaired.items())})" if repaired else ""
+        if isinstance(r.get("predictor"), dict) and r["predictor"].get("graphs") == "step":
+            through += f" (predictor step graphs: {r['predictor'].get('why') or 'no fused frame'})"
         lines.append(f"| {md(str(r.get('precision', '—')) + through)} | {md(r.get('runner', '—'))} | "
                      f"{pct(r.get('code_agreement', r.get('token_agreement')))}{flips} | "
                      f"{pct(r.get('free_running_agreement'))} | {fmt_db(r.get('wav_snr_db'))} | "

@@ -19,6 +19,9 @@ from ...core import variant_base
 from ...parity.metrics import TIE_MARGIN
 
 CODE_AGREEMENT_MIN = 0.99
+# What a frame's codes 1..15 run through when the fused predictor_frame graph has no accepted build at
+# a row's precision and runner (the recipe's realtime alternative): its prefill and 14 decode steps.
+STEP_GRAPHS = ("predictor_prefill", "predictor_decode")
 E2E_GRAPHS = ("text_projection", "talker_prefill", "talker_decode", "talker_prefill_part1", "talker_prefill_part2",
               "talker_decode_part1", "talker_decode_part2", "predictor_prefill", "predictor_decode",
               "predictor_frame", "code2wav")
@@ -62,15 +65,15 @@ def run(model, out_dir, manifest: dict, runners: dict, progress, part: tuple[int
     graphs = [g for g in model.components() if g in E2E_GRAPHS or variant_base(g) in E2E_GRAPHS]   # + chunk shapes
     if model.cfg.tts_model_type == "base":
         graphs.append("speaker_encoder")
-    plan = [(runner, prec, [g for g in graphs if not accepted(manifest, g, runner, prec)])
+    plan = [(runner, prec, *_predictor([g for g in graphs if not accepted(manifest, g, runner, prec)], graphs))
             for runner, precisions in runners.items() for prec in precisions]
-    if all(missing for *_, missing in plan):
+    if all(missing for _, _, missing, _ in plan):
         # A partial build (--components) or every precision rejected: no row can run, so the fp32
         # reference pipeline (minutes and GBs at real size) is not computed.
         n = len(model.requests("heldout"))
         return [{"runner": runner, "precision": prec, "prompts": n, "threshold": CODE_AGREEMENT_MIN,
                  "tie_margin": TIE_MARGIN, "verdict": "skipped", "reason": _why_skipped(manifest, missing, prec)}
-                for runner, prec, missing in plan]
+                for runner, prec, missing, _ in plan]
     requests = model.requests("heldout")
     if part is not None:
         requests = requests[part[0]::part[1]]
@@ -86,13 +89,15 @@ def run(model, out_dir, manifest: dict, runners: dict, progress, part: tuple[int
 
     release_memory()
     rows = []
-    for runner, prec, missing in plan:
+    for runner, prec, missing, predictor in plan:
         row = {"runner": runner, "precision": prec, "prompts": len(reference),
                "frames": int(sum(len(r[0]) for r in reference)), "threshold": CODE_AGREEMENT_MIN,
                "tie_margin": TIE_MARGIN}
         if missing:
             rows.append({**row, "verdict": "skipped", "reason": _why_skipped(manifest, missing, prec)})
             continue
+        if predictor == "step":
+            row["predictor"] = {"graphs": "step", "why": _why_skipped(manifest, ["predictor_frame"], prec)}
         with progress.stage(f"end-to-end: held-out prompts through {prec} graphs on {runner}"):
             avail = available_bytes()
             # lean ORT sessions: the default ones hold an fp32 copy of every fp16 graph's weights
@@ -100,7 +105,7 @@ def run(model, out_dir, manifest: dict, runners: dict, progress, part: tuple[int
             built = BuildGraphs(out_dir, runner, prec, manifest=manifest,
                                 max_open_bytes=int(avail * 0.8) if avail else None, lean=True)
             try:
-                free = _free_running(model, built, requests)
+                free = _free_running(model, built, requests, predictor)
                 forced = [_teacher_forced(model, built, req, codes)[0] for req, (codes, _) in zip(requests, reference)]
             finally:
                 built.close()
@@ -134,10 +139,20 @@ def merge(parts: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def _free_running(model, graphs, requests=None) -> list[tuple[np.ndarray, np.ndarray]]:
+def _predictor(missing: list[str], graphs: list[str]) -> tuple[list[str], str]:
+    """(the graphs a row still lacks, how its free-running synthesis runs the code predictor): "frame"
+    (the fused graph), or "step" when predictor_frame lacks an accepted build and both step graphs have
+    one -- they decide the same codes (greedy, as synth --predictor step), a frame in 15 calls."""
+    if "predictor_frame" in missing and all(g in graphs and g not in missing for g in STEP_GRAPHS):
+        return [g for g in missing if g != "predictor_frame"], "step"
+    return missing, "frame"
+
+
+def _free_running(model, graphs, requests=None, predictor: str = "frame") -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for req in model.requests("heldout") if requests is None else requests:
-        gen, wav = model.synthesize(graphs, req, model.gen_options(greedy=True, max_frames=int(model.options["e2e-frames"])))
+        gen, wav = model.synthesize(graphs, req, model.gen_options(greedy=True, max_frames=int(model.options["e2e-frames"]),
+                                                                   predictor=predictor))
         out.append((gen.codes, wav if wav is not None else np.zeros(0, np.float32)))
     return out
 
