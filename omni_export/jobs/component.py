@@ -208,7 +208,8 @@ class ComponentJobs:
         if opts.repair == "off" or not b.precision.quantized or b.format == Format.PTE:
             return 0.0
         attribute = max(DEFAULT_SECONDS["attribute"], SECONDS_PER_GIB["attribute"] * weight_bytes / 2**30)
-        return attribute + opts.repair_steps * DEFAULT_SECONDS["repair"]
+        step = max(DEFAULT_SECONDS["repair"], SECONDS_PER_GIB["repair"] * weight_bytes / 2**30)
+        return attribute + opts.repair_steps * step
 
     def _ctx_sibling(self, b: BuildSpec) -> BuildSpec | None:
         if b.format != Format.DLC:

@@ -28,9 +28,12 @@ DEFAULT_SECONDS = {"trace": 5.0, "export": 4.0, "fp16": 2.0, "quantize": 3.0, "l
 # the fp32 ONNX export 98-161 s, quantization 29-68 s, the context binary's compile 23-33 s. Only the
 # order matters (longest remaining chain first): without them a talker's .pte lowerings (15 s by the
 # demo's figures) went before its context binaries' compiles and simulator runs, which then ran last,
-# each compile alone.
+# each compile alone. A repair step (quantize, compile, simulate 1-2 samples) at 9bba532: 0.6B talker
+# prefill 260 s (1.65 GiB), code2wav_n2 102-116 s, the predictors 24-38 s: without it the talker's
+# two steps counted 20 s in the first run's priorities, and its quantize chain started late.
 SECONDS_PER_GIB = {"export": 70.0, "fp16": 12.0, "quantize": 30.0, "lower": 1.0, "lower-pte": 150.0,
-                   "lower-ctx": 15.0, "lower-dlc": 10.0, "score": 15.0, "score-htp": 150.0, "attribute": 200.0}
+                   "lower-ctx": 15.0, "lower-dlc": 10.0, "score": 15.0, "score-htp": 150.0, "attribute": 200.0,
+                   "repair": 150.0}
 
 
 @dataclass
