@@ -323,8 +323,9 @@ def _recipe_command(name: str) -> click.Command:
                           "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "
                           "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
                           "one after another when tight. Default: QNN compiles and quantizations that reserve "
-                          "2 GiB or more run alone, beside the build process only (the lowest peak), and the "
-                          "other steps overlap while they fit in the memory free at the build's start"),
+                          "2 GiB or more run alone, beside the build process and steps that fit within the "
+                          "largest such reservation (the peak of the largest step), and the other steps "
+                          "overlap while they fit in the memory free at the build's start"),
         click.Option(["--keep-sources"], is_flag=True,
                      help="keep sources/: the ONNX each accepted build is compiled from, which `omni-export hub "
                           "submit` uploads to AI Hub [default: off; --hub keeps them]"),
