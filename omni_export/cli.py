@@ -322,10 +322,10 @@ def _recipe_command(name: str) -> click.Command:
                      help="let the heavy steps of big graphs (QNN compile and quantizer children, simulator "
                           "and ONNX Runtime scoring workers, .pte lowering) overlap while their estimated peaks "
                           "fit in about this many GB (1e9 bytes) of process tree: faster with room to spare, "
-                          "one after another when tight. Default: QNN compiles and quantizations that reserve "
-                          "2 GiB or more run alone, beside the build process and steps that fit within the "
-                          "largest such reservation (the peak of the largest step), and the other steps "
-                          "overlap while they fit in the memory free at the build's start"),
+                          "one after another when tight. Default: a QNN compile or quantization that reserves "
+                          "2 GiB or more runs only beside steps that fit with it within the largest such "
+                          "reservation (the tree peaks at the largest step), and the other steps overlap "
+                          "while they fit in the memory free at the build's start"),
         click.Option(["--keep-sources"], is_flag=True,
                      help="keep sources/: the ONNX each accepted build is compiled from, which `omni-export hub "
                           "submit` uploads to AI Hub [default: off; --hub keeps them]"),
