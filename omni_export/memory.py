@@ -69,7 +69,7 @@ class MemoryGate:
     alone step then shares the machine with other heavy steps while all reservations held together
     stay within it, since the tree must make room for that largest step anyway. At 0.6B (9bba532)
     the talker's quantized compiles and repair steps (~2.5 GiB each against the fp16 compile's ~4 GiB)
-    ran 700 s with one core idle. At 0.6B the
+    ran 700 s with one core idle. Before the alone rule (no ceiling either), at 0.6B the
     talker decode's compile child (3.69 GiB) overlapped a scoring worker (1.48 GiB) and the build
     process (2.12 GiB): 7.30 GiB, where one child beside the build process is ~5.3. It costs wall
     (the scoring queue pauses while a child runs); the build gives a --max-memory budget to let

@@ -366,6 +366,11 @@ def test_end_to_end_rows_wait_only_for_the_scores_of_their_precision(tmp_path, w
     # run's priority); fp16 scores and .pte scores add none
     tails = {s: cj.graph.jobs[s].tail for s in scores if cj.graph.jobs[s].kind != "score-shared"}
     assert tails and all((t > 0) == ("/w8a16" in s and "/pte/" not in s) for s, t in tails.items()), tails
+    # at real size the tail is the attribution and every repair step scaled to the graph's weights
+    from omni_export.jobs.graph import SECONDS_PER_GIB
+
+    w8 = next(b for b in cj.builds if b.precision.value == "w8a16" and b.format.value != "pte")
+    assert cj._tail(w8, 2**30) == SECONDS_PER_GIB["attribute"] + cj.run.opts.repair_steps * SECONDS_PER_GIB["repair"]
     if weight_bytes < HEAVY:
         assert set(rows["end-to-end/fp16/part1"].deps) == {s for s in scores if s.endswith("/ctx/fp16")}
         assert set(rows["end-to-end/w8a16/part2"].deps) == scores
